@@ -1,0 +1,56 @@
+"""The protocol's error types and the named reasons a message or update can be rejected for.
+
+Two kinds of failure, as in h11: the *local* caller misused an API (a bug on this side), or the *remote*
+peer sent something we refuse. Nothing else may escape a decoder or a validator: any other exception is a
+bug in this package.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    """Why something from a peer was refused. Values are stable: they appear in metrics and `/status`."""
+
+    # framing and decoding (cheapest first)
+    OVERSIZED = "oversized"
+    TRUNCATED = "truncated"
+    MALFORMED = "malformed"
+    BAD_SCHEMA = "bad_schema"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    # binding and freshness
+    WRONG_RUN_ID = "wrong_run_id"
+    DUPLICATE = "duplicate"
+    REPLAYED = "replayed"
+    # authenticity
+    BAD_SIGNATURE = "bad_signature"
+    BAD_IDENTITY = "bad_identity"
+    BAD_HANDSHAKE = "bad_handshake"
+    # peer standing
+    PEER_BANNED = "peer_banned"
+    # application checks
+    BAD_SLOT = "bad_slot"
+    TOO_STALE = "too_stale"
+    BAD_CODEC = "bad_codec"
+    SHAPE_MISMATCH = "shape_mismatch"
+    NON_FINITE = "non_finite"
+    HASH_MISMATCH = "hash_mismatch"
+    BAD_STATE = "bad_state"
+
+
+class ProtocolError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class LocalProtocolError(ProtocolError):
+    """The local caller misused the API (wrong argument, call out of order). A bug on this side."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """A peer sent something we refuse. `reason` is what callers count; `detail` is for the log line."""
+
+    def __init__(self, reason: Reason, detail: str = "") -> None:
+        self.reason = Reason(reason)
+        self.detail = detail
+        super().__init__(f"{self.reason.value}: {detail}" if detail else self.reason.value)
