@@ -1,0 +1,9 @@
+"""Pseudo-gradient compression: codecs (fp32, bf16, blockwise int8 and int4), payload encoding of a
+named set of tensors, and sender-side error feedback. Pure numpy; byte layout in docs/payload-format.md.
+"""
+
+from protocol.compression.feedback import ErrorFeedback
+from protocol.compression.formats import BLOCK_SIZE, Codec, payload_size
+from protocol.compression.tensors import decode_tensors, encode_tensors
+
+__all__ = ["BLOCK_SIZE", "Codec", "ErrorFeedback", "decode_tensors", "encode_tensors", "payload_size"]

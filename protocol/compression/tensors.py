@@ -1,0 +1,171 @@
+"""encode_tensors / decode_tensors: a named set of float32 tensors <-> one payload blob.
+
+The payload is the concatenation, in sorted-name order, of one record per tensor; a record's length
+depends only on the tensor's element count and the codec (`formats.tensor_bytes`), so a payload carries
+no header: codec and shapes come from the signed update header and the receiver's own model. Layout per
+codec: docs/payload-format.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import partial
+
+import numpy as np
+
+from protocol.compression import bf16, blockwise
+from protocol.compression.formats import (
+    BLOCK_SIZE,
+    CODE_BITS,
+    MAX_ABS,
+    Codec,
+    as_codec_local,
+    as_codec_remote,
+    check_shapes,
+    num_blocks,
+    tensor_bytes,
+)
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+
+
+def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> bytes:
+    """Encode float32 `tensors` with `codec` into a payload.
+
+    Deterministic: the same tensors and codec give the same bytes, on any machine. Raises
+    LocalProtocolError for an unknown codec, a name that is not a str, a value that is not a float32
+    numpy array (or numpy float32 scalar), or an element that is NaN/Inf or above 2**127 in magnitude.
+    """
+    codec = as_codec_local(codec)
+    if not isinstance(tensors, Mapping):
+        raise LocalProtocolError(f"tensors must be a mapping of name -> array, got {type(tensors).__name__}")
+    if not all(isinstance(name, str) for name in tensors):
+        raise LocalProtocolError("tensor names must be str")
+    parts = []
+    for name in sorted(tensors):
+        x = as_float32_array(name, tensors[name])
+        try:
+            parts.extend(_ENCODERS[codec](x.ravel()))
+        except LocalProtocolError as e:
+            raise LocalProtocolError(f"{name!r}: {e}") from None
+    return b"".join(parts)  # one copy: the parts are little-endian numpy arrays, joined as buffers
+
+
+def as_float32_array(name: str, x: object) -> np.ndarray:
+    """`x` if it is a float32 numpy array, as a 0-d array if it is a numpy float32 scalar (what numpy
+    arithmetic on 0-d arrays returns); LocalProtocolError for anything else."""
+    if isinstance(x, np.float32):
+        return np.asarray(x)
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        what = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise LocalProtocolError(f"{name!r}: expected a float32 numpy array, got {what}")
+    return x
+
+
+def decode_tensors(
+    payload: bytes | bytearray | memoryview, codec: Codec | str, shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, np.ndarray]:
+    """Decode a payload into fresh float32 arrays of the given `shapes`, keyed in sorted-name order.
+
+    Returns the same bits on every machine for the same bytes. Checks, cheapest first: the codec
+    (RemoteProtocolError BAD_CODEC), the exact payload length for these shapes (SHAPE_MISMATCH), then per
+    tensor the scales and codes (NON_FINITE for Inf/NaN, MALFORMED for anything no encoder produces).
+    `shapes` come from this side: a malformed one is a LocalProtocolError. Whatever the bytes, no other
+    exception escapes.
+    """
+    codec = as_codec_remote(codec)
+    shapes = check_shapes(shapes)
+    try:
+        buf = memoryview(payload).cast("B")
+    except TypeError:
+        what = type(payload).__name__
+        raise LocalProtocolError(f"payload must be a contiguous bytes-like object, got {what}") from None
+    names = sorted(shapes)
+    numels = [math.prod(shapes[name]) for name in names]
+    expected = sum(tensor_bytes(n, codec) for n in numels)
+    if buf.nbytes != expected:
+        raise RemoteProtocolError(
+            Reason.SHAPE_MISMATCH, f"{codec} payload is {buf.nbytes} bytes, the shapes need {expected}"
+        )
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for name, numel in zip(names, numels, strict=True):
+        out[name] = _DECODERS[codec](buf, offset, numel, name).reshape(shapes[name])
+        offset += tensor_bytes(numel, codec)
+    return out
+
+
+# --- per-tensor records ---------------------------------------------------------------------------
+
+
+def _check_range(x: np.ndarray) -> None:
+    if x.size and not np.abs(x).max() <= MAX_ABS:
+        raise LocalProtocolError("non-finite value" if not np.isfinite(x).all() else "|x| above 2**127")
+
+
+def _encode_fp32(x: np.ndarray) -> list[np.ndarray]:
+    _check_range(x)
+    return [x.astype("<f4", copy=False)]
+
+
+def _encode_bf16(x: np.ndarray) -> list[np.ndarray]:
+    _check_range(x)
+    return [bf16.round_nearest_even(x).astype("<u2", copy=False)]
+
+
+def _encode_blockwise(codec: Codec, x: np.ndarray) -> list[np.ndarray]:
+    scale_bits, codes = blockwise.quantize(x, CODE_BITS[codec], BLOCK_SIZE)
+    if codec is Codec.INT4:
+        codes = blockwise.pack_nibbles(codes)
+    return [scale_bits.astype("<u2", copy=False), np.ascontiguousarray(codes)]
+
+
+def _decode_fp32(buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
+    x = np.frombuffer(buf, dtype="<f4", count=numel, offset=offset).astype(np.float32)
+    if x.size and not np.abs(x).max() <= MAX_ABS:
+        if not np.isfinite(x).all():
+            raise RemoteProtocolError(Reason.NON_FINITE, f"{name}: Inf/NaN in fp32 payload")
+        raise RemoteProtocolError(Reason.MALFORMED, f"{name}: fp32 value above 2**127")
+    return x
+
+
+def _decode_bf16(buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
+    bits = np.frombuffer(buf, dtype="<u2", count=numel, offset=offset)
+    magnitude = bits & np.uint16(0x7FFF)
+    if (magnitude > 0x7F00).any():  # 0x7F00 is 2**127
+        worst = int(magnitude.max())
+        if worst & bf16.EXP_MASK == bf16.EXP_MASK:
+            raise RemoteProtocolError(Reason.NON_FINITE, f"{name}: Inf/NaN in bf16 payload")
+        raise RemoteProtocolError(Reason.MALFORMED, f"{name}: bf16 value above 2**127")
+    return bf16.widen(bits)
+
+
+def _decode_blockwise(codec: Codec, buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
+    bits = CODE_BITS[codec]
+    nblocks = num_blocks(numel)
+    scale_bits = np.frombuffer(buf, dtype="<u2", count=nblocks, offset=offset)
+    scales = blockwise.check_scales(scale_bits, bits, name)
+    offset += 2 * nblocks
+    if codec is Codec.INT8:
+        codes = np.frombuffer(buf, dtype=np.uint8, count=numel, offset=offset)
+        levels = blockwise.levels_8(codes)
+    else:
+        packed = np.frombuffer(buf, dtype=np.uint8, count=(numel + 1) // 2, offset=offset)
+        if numel % 2 and packed[-1] >> 4:
+            raise RemoteProtocolError(Reason.MALFORMED, f"{name}: nonzero padding nibble")
+        levels = blockwise.levels_4(packed, numel)
+    return blockwise.apply_scales(levels, scales, BLOCK_SIZE)
+
+
+_ENCODERS = {
+    Codec.FP32: _encode_fp32,
+    Codec.BF16: _encode_bf16,
+    Codec.INT8: partial(_encode_blockwise, Codec.INT8),
+    Codec.INT4: partial(_encode_blockwise, Codec.INT4),
+}
+_DECODERS = {
+    Codec.FP32: _decode_fp32,
+    Codec.BF16: _decode_bf16,
+    Codec.INT8: partial(_decode_blockwise, Codec.INT8),
+    Codec.INT4: partial(_decode_blockwise, Codec.INT4),
+}
