@@ -1,0 +1,34 @@
+"""The outer-step ledger: slots, aggregates, the replicated Nesterov outer optimizer, snapshots, and the
+slot-closing policy. Pure numpy, no I/O, no clock (time is an argument).
+
+Start with :class:`Ledger` (the state machine and its invariant) and :class:`SlotClosePolicy` (when to close
+the open slot). ``protocol.ledger.bench`` and ``protocol.ledger.demo`` are scripts, not imported here.
+"""
+
+from protocol.ledger.aggregate import aggregate
+from protocol.ledger.config import Aggregation, LedgerConfig, Outcome, StalePolicy, UpdateMeta, Weighting
+from protocol.ledger.ledger import ClosedSlot, Ledger
+from protocol.ledger.outer import fold_coefficients
+from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
+from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
+from protocol.ledger.weights import staleness, update_weight
+
+__all__ = [
+    "Aggregation",
+    "CloseDecision",
+    "ClosePolicyConfig",
+    "ClosedSlot",
+    "Ledger",
+    "LedgerConfig",
+    "LedgerSnapshot",
+    "Outcome",
+    "SlotClosePolicy",
+    "SnapshotEntry",
+    "StalePolicy",
+    "UpdateMeta",
+    "Weighting",
+    "aggregate",
+    "fold_coefficients",
+    "staleness",
+    "update_weight",
+]

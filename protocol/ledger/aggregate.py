@@ -1,0 +1,129 @@
+"""A slot's aggregate: a function of the *set* of updates applied at the slot.
+
+Per tensor, with weights ``w_i`` and pseudo-gradients ``Δ_i``, the aggregate is ``g = s · U`` where
+``U = Σ c_i Δ_i`` is a float64 accumulator with per-update coefficients ``c_i`` (:func:`coefficient`) and
+``s`` a per-slot scale (:func:`slot_scale`):
+
+* mean: ``c_i = w_i``, ``s = 1 / Σ w_i`` — the weighted average;
+* radial-directional (every tensor except the configured embeddings): ``c_i = w_i / ‖Δ_i‖`` (0 for a zero
+  update), ``s = (Σ w_i ‖Δ_i‖ / Σ w_i) / ‖U‖`` — the weighted mean norm times the normalized weighted mean
+  direction. ``U = 0`` gives ``g = 0``; an empty slot aggregates to zeros.
+
+Because ``c_i`` depends on the update alone, ``U`` can be kept as a running sum (:func:`add_term`) and a
+late update costs one pass, not a recomputation. Running sums depend on the arrival order in the last
+bits; the *canonical* value (:func:`accumulate_sorted`) visits entries in ascending ``update_id`` order and
+is bit-identical on every replica holding the same set (scalar sums use ``math.fsum``; norms use numpy's
+pairwise summation over fixed chunks, never BLAS; terms with ``c_i = 0`` are skipped in both).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.ledger.chunks import CHUNK, flat, spans
+from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
+
+__all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "coefficient", "slot_scale", "uses_radial"]
+
+_F64 = np.float64
+
+
+@dataclass(frozen=True)
+class SlotEntry:
+    """One update applied (or held) at ``slot``: its header, weight, float32 deltas (read-only,
+    C-contiguous copies) and the float64 norm of every tensor."""
+
+    meta: UpdateMeta
+    slot: int
+    weight: float
+    deltas: Mapping[str, np.ndarray]
+    norms: Mapping[str, float]
+
+
+def uses_radial(name: str, config: LedgerConfig) -> bool:
+    """Whether tensor ``name`` is aggregated radial-directionally under ``config``."""
+    return config.aggregation is Aggregation.RADIAL_DIRECTIONAL and name not in config.embeddings
+
+
+def coefficient(entry: SlotEntry, name: str, config: LedgerConfig) -> float:
+    """``c_i`` of ``entry`` for tensor ``name`` (independent of the other entries of the slot)."""
+    if not uses_radial(name, config):
+        return entry.weight
+    norm = entry.norms[name]
+    return entry.weight / norm if norm > 0.0 else 0.0
+
+
+def slot_scale(entries: Sequence[SlotEntry], name: str, config: LedgerConfig, u_norm: float) -> float:
+    """``s`` for tensor ``name`` of a slot holding ``entries`` whose accumulator has norm ``u_norm``."""
+    if not entries:
+        return 0.0
+    total = math.fsum(e.weight for e in sorted(entries, key=lambda e: e.meta.update_id))
+    if not uses_radial(name, config):
+        return 1.0 / total
+    if u_norm <= 0.0:
+        return 0.0
+    mean_norm = (
+        math.fsum(e.weight * e.norms[name] for e in sorted(entries, key=lambda e: e.meta.update_id)) / total
+    )
+    return mean_norm / u_norm
+
+
+def _buffer(size: int) -> np.ndarray:
+    return np.empty(min(CHUNK, size), dtype=_F64)
+
+
+def add_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
+    """``u += c·x`` in place (float64 ``u``, float32 ``x``) and return the new ``‖u‖`` (canonical
+    chunking). ``c = 0`` leaves ``u`` untouched."""
+    uf, buf = flat(u), _buffer(u.size)
+    parts = []
+    cc = _F64(c)
+    for s in spans(uf.size):
+        uc, t = uf[s], buf[: s.stop - s.start]
+        if c != 0.0:
+            np.copyto(t, flat(x)[s])  # the cast alone, then an in-place product: ~2× faster than mixed types
+            t *= cc
+            uc += t
+        parts.append(float(np.sum(np.square(uc, out=t))))
+    return math.sqrt(math.fsum(parts))
+
+
+def accumulate_sorted(
+    entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``."""
+    ordered = sorted(entries, key=lambda e: e.meta.update_id)
+    norms = {}
+    for name, u in out.items():
+        terms = [(flat(e.deltas[name]), _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
+        uf, buf = flat(u), _buffer(u.size)
+        parts = []
+        for s in spans(uf.size):
+            uc, t = uf[s], buf[: s.stop - s.start]
+            if not terms:
+                uc[...] = 0.0
+            for i, (x, c) in enumerate(terms):
+                if i == 0:
+                    np.copyto(uc, x[s])
+                    uc *= c
+                else:
+                    np.copyto(t, x[s])
+                    t *= c
+                    uc += t
+            parts.append(float(np.sum(np.square(uc, out=t))))
+        norms[name] = math.sqrt(math.fsum(parts))
+    return norms
+
+
+def aggregate(
+    entries: Sequence[SlotEntry], shapes: Mapping[str, tuple[int, ...]], config: LedgerConfig
+) -> dict[str, np.ndarray]:
+    """The canonical aggregate ``g = s·U`` (new float64 arrays, one per tensor in ``shapes``)."""
+    out = {name: np.empty(shape, dtype=_F64) for name, shape in shapes.items()}
+    for name, norm in accumulate_sorted(entries, config, out).items():
+        out[name] *= _F64(slot_scale(entries, name, config, norm))
+    return out

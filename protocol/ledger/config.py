@@ -1,0 +1,148 @@
+"""Input record, outcomes and configuration of the slot ledger.
+
+Everything the ledger needs to know about an update comes from its signed header (:class:`UpdateMeta`),
+so every replica computes the same slot and the same weight for it. The ledger does not import the wire
+messages: the node copies the header fields into an ``UpdateMeta``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol.errors import LocalProtocolError
+
+__all__ = ["Aggregation", "LedgerConfig", "Outcome", "StalePolicy", "UpdateMeta", "Weighting"]
+
+ID_BYTES = 32
+
+
+@dataclass(frozen=True)
+class UpdateMeta:
+    """The fields of an update's signed header that the ledger uses.
+
+    update_id: 32-byte message id (SHA-256); canonical summation order and deduplication.
+    origin: the sender's peer id (informational: counted, not used by the math).
+    base_slot: slot of the global parameters the sender's round started from.
+    publish_slot: latest slot the sender had closed when it published (``base_slot ≤ publish_slot``).
+    tokens: tokens the round trained on (> 0).
+    inner_steps: inner optimizer steps of the round (> 0).
+    """
+
+    update_id: bytes
+    origin: str
+    base_slot: int
+    publish_slot: int
+    tokens: int
+    inner_steps: int
+
+    @property
+    def target_slot(self) -> int:
+        """The slot the update belongs to: ``publish_slot + 1``."""
+        return self.publish_slot + 1
+
+
+class Outcome(enum.StrEnum):
+    """What :meth:`Ledger.add` did with an update. Values are stable (metrics, `/status`)."""
+
+    APPLIED_OPEN = "applied-open"  # assigned to the open slot
+    FOLDED_LATE = "folded-late"  # assigned to an already-closed slot inside the window, folded in exactly
+    APPLIED_STALE = "applied-stale"  # older than the window: applied at the open slot, staleness-weighted
+    DROPPED_STALE = "dropped-stale"  # older than the window and the config says drop
+    DUPLICATE = "duplicate"  # this update id was seen before: ignored
+    HELD_FUTURE = "held-future"  # the sender is ahead: held until its slot opens here
+
+
+class Weighting(enum.StrEnum):
+    """The token part of an update's weight (the staleness factor is applied on top)."""
+
+    TOKENS = "tokens"  # w = tokens
+    TOKENS_PER_STEP = "tokens-per-step"  # paper's quantity × quality: w = tokens · tokens / inner_steps
+    UNIFORM = "uniform"  # w = 1
+
+
+class Aggregation(enum.StrEnum):
+    """How a slot's updates are combined (per tensor)."""
+
+    RADIAL_DIRECTIONAL = "radial-directional"  # mean norm × normalized mean direction (embeddings: mean)
+    MEAN = "mean"  # weighted average for every tensor
+
+
+class StalePolicy(enum.StrEnum):
+    """What to do with an update whose slot has left the window."""
+
+    APPLY = "apply"  # apply at the open slot, weighted by its staleness measured from the open slot
+    DROP = "drop"
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """Run-wide ledger settings. Every replica of a run must use the same values (they are part of the
+    snapshot's config fingerprint, except ``lr_schedule``, a function, which the run must fix).
+
+    window: W, number of closed slots a late update can still be folded into.
+    lr, momentum: outer Nesterov SGD (DiLoCo: 0.7, 0.9). ``lr_schedule(slot)``, when given, is η_slot.
+    staleness_alpha: α in the staleness factor ``(1 + staleness)^-α``; 0 disables it.
+    weighting, aggregation: see the enums. embeddings: tensor names aggregated with the plain mean.
+    stale_policy: fate of updates older than the window.
+    max_future_slots: an update for a slot more than this many slots past the open one is refused.
+    """
+
+    window: int = 4
+    lr: float = 0.7
+    momentum: float = 0.9
+    lr_schedule: Callable[[int], float] | None = None
+    staleness_alpha: float = 0.5
+    weighting: Weighting = Weighting.TOKENS
+    aggregation: Aggregation = Aggregation.RADIAL_DIRECTIONAL
+    embeddings: frozenset[str] = frozenset()
+    stale_policy: StalePolicy = StalePolicy.APPLY
+    max_future_slots: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 0:
+            raise LocalProtocolError(f"window must be an int ≥ 0, got {self.window!r}")
+        if not (math.isfinite(self.lr) and self.lr >= 0.0):
+            raise LocalProtocolError(f"lr must be finite and ≥ 0, got {self.lr!r}")
+        if not (0.0 <= self.momentum < 1.0):
+            raise LocalProtocolError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not (math.isfinite(self.staleness_alpha) and self.staleness_alpha >= 0.0):
+            raise LocalProtocolError(f"staleness_alpha must be finite and ≥ 0, got {self.staleness_alpha!r}")
+        if not isinstance(self.max_future_slots, int) or self.max_future_slots < 0:
+            raise LocalProtocolError(f"max_future_slots must be an int ≥ 0, got {self.max_future_slots!r}")
+        if not isinstance(self.embeddings, frozenset) or not all(isinstance(n, str) for n in self.embeddings):
+            raise LocalProtocolError("embeddings must be a frozenset of tensor names")
+        # Enum fields: accept their string values, refuse anything else.
+        for field, kind in (("weighting", Weighting), ("aggregation", Aggregation), ("stale_policy", StalePolicy)):
+            value = getattr(self, field)
+            try:
+                object.__setattr__(self, field, kind(value))
+            except ValueError:
+                raise LocalProtocolError(
+                    f"{field} must be one of {[k.value for k in kind]}, got {value!r}"
+                ) from None
+
+    def eta(self, slot: int) -> float:
+        """Outer learning rate used when slot ``slot`` (≥ 1) is closed."""
+        if self.lr_schedule is None:
+            return self.lr
+        value = float(self.lr_schedule(slot))
+        if not (math.isfinite(value) and value >= 0.0):
+            raise LocalProtocolError(f"lr_schedule({slot}) must be finite and ≥ 0, got {value!r}")
+        return value
+
+    def fingerprint(self) -> dict[str, object]:
+        """The settings a snapshot must agree on (plain msgpack-able values)."""
+        return {
+            "window": self.window,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "lr_schedule": self.lr_schedule is not None,
+            "staleness_alpha": self.staleness_alpha,
+            "weighting": self.weighting.value,
+            "aggregation": self.aggregation.value,
+            "embeddings": sorted(self.embeddings),
+            "stale_policy": self.stale_policy.value,
+        }

@@ -1,0 +1,375 @@
+"""The slot ledger: one node's replica of the replicated outer optimizer (owner of its state machine).
+
+Slots. Slot 0 is the initial state. A replica that has *closed* ``n`` slots holds ``θ_n, v_n`` and has one
+*open* slot ``n+1`` collecting updates. An update is assigned to slot ``publish_slot + 1`` (see
+:mod:`protocol.ledger.weights`); on :meth:`Ledger.add` it is, by that slot ``r``:
+
+* ``r > n+1``: held (``HELD_FUTURE``) until slot ``r`` opens here;
+* ``r = n+1``: added to the open slot (``APPLIED_OPEN``);
+* ``n−W < r ≤ n`` (the window): added to closed slot ``r``; the change ``δ`` of its aggregate is folded
+  into ``θ_n, v_n`` in closed form (``FOLDED_LATE``, see :mod:`protocol.ledger.outer`);
+* ``r ≤ n−W``: applied at the open slot with staleness ``n − base_slot`` (``APPLIED_STALE``) or dropped
+  (``DROPPED_STALE``), by ``config.stale_policy``;
+* an id seen before: ignored (``DUPLICATE``).
+
+Central invariant. Two replicas with the same config and initial state, that have closed the same number
+of slots and received the same set of updates — each one while its slot was open, in the window, or in
+the future, never after it left the window — hold the same parameters and momentum, whatever the arrival
+order and whenever they closed their slots. Precisely:
+
+* the *canonical* state (:meth:`canonical_state`, from which :meth:`params_digest`, :meth:`state_digest`
+  and :meth:`snapshot` are computed) is bit-identical: the float64 state at the bottom of the window is
+  only ever stepped with canonical aggregates (each recomputed from its set in ``update_id`` order), and
+  the window is replayed from it the same way (bits are guaranteed between replicas on the same numpy
+  build; norms use numpy's pairwise summation, whose rounding could differ in another build);
+* the *working* state (:meth:`params`, :meth:`momentum`) is what :meth:`close_slot` and the O(1) fold
+  update, with running per-slot sums in arrival order; it equals the canonical state up to float64
+  rounding (relative ~1e-15, checked by the property tests). :meth:`resync` replaces it by the
+  canonical state (W outer steps of work).
+
+Deduplication: every update id accepted (applied, held or dropped) is remembered for the life of the
+replica and travels in snapshots (32 bytes each), so an update is applied once however late a copy
+arrives. Validation failures raise before any state changes.
+
+Updates that arrived after their slot left the window break the invariant by design (where they land
+depends on when they arrived); they are counted. Memory: the float32 deltas of every update in the window
+and the open slot (the exact sufficient statistic of the nonlinear radial-directional aggregate, needed
+for the canonical recomputation), one float64 accumulator per live slot, float64 θ, v twice (working and
+window bottom) and one float64 scratch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.ledger import digest as dg
+from protocol.ledger.aggregate import SlotEntry
+from protocol.ledger.chunks import copy_with_norm, tensor_norm
+from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
+from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
+from protocol.ledger.slot import LiveSlot
+from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
+from protocol.ledger.weights import check_meta, update_weight
+
+__all__ = ["ClosedSlot", "Ledger"]
+
+_F64 = np.float64
+RELEASED = "released"  # counter: held updates moved into a newly opened slot
+
+
+@dataclass(frozen=True)
+class ClosedSlot:
+    """What :meth:`Ledger.close_slot` did: the slot closed, how many updates it held, how many held
+    future updates the newly opened slot received."""
+
+    slot: int
+    updates: int
+    released: int
+
+
+def _bad_state(detail: str) -> RemoteProtocolError:
+    return RemoteProtocolError(Reason.BAD_STATE, detail)
+
+
+def _f64_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.array(a, dtype=_F64, copy=True, order="C") for name, a in arrays.items()}
+
+
+class Ledger:
+    """One replica of the slot ledger. Pure and synchronous; not thread-safe (one owner)."""
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        config: LedgerConfig,
+        momentum: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Start at slot 0 from ``params`` (and ``momentum``, zeros by default). Arrays are copied."""
+        if not params:
+            raise LocalProtocolError("params must name at least one tensor")
+        self.config = config
+        self._shapes: dict[str, tuple[int, ...]] = {n: tuple(np.shape(params[n])) for n in sorted(params)}
+        base_theta = _f64_copy({n: params[n] for n in self._shapes})
+        if momentum is None:
+            base_v = {n: np.zeros(s, dtype=_F64) for n, s in self._shapes.items()}
+        else:
+            if sorted(momentum) != list(self._shapes) or any(
+                np.shape(momentum[n]) != s for n, s in self._shapes.items()
+            ):
+                raise LocalProtocolError("momentum must have the same names and shapes as params")
+            base_v = _f64_copy({n: momentum[n] for n in self._shapes})
+        self._restore(0, 0, base_theta, base_v, dg.GENESIS, [], set(), Counter())
+
+    def _restore(
+        self,
+        n: int,
+        base: int,
+        base_theta: dict,
+        base_v: dict,
+        chain: bytes,
+        entries: list[SlotEntry],
+        seen: set[bytes],
+        counters: Counter,
+    ) -> None:
+        """(Re)build every field from the persistent state; shared by ``__init__`` and snapshots."""
+        self._n = n
+        self._base = base
+        self._base_theta = base_theta
+        self._base_v = base_v
+        self._chain = chain
+        self._seen = seen
+        self._counters: Counter = counters
+        self._held: dict[int, list[SlotEntry]] = {}
+        live: dict[int, list[SlotEntry]] = {s: [] for s in range(base + 1, n + 2)}
+        for e in entries:
+            (live if e.slot <= n + 1 else self._held).setdefault(e.slot, []).append(e)
+        self._slots = {s: LiveSlot(s, self._shapes, self.config, es) for s, es in live.items()}
+        self._scratch = {name: np.empty(shape, dtype=_F64) for name, shape in self._shapes.items()}
+        self._theta, self._v = self.canonical_state()
+
+    # -- read-only views ----------------------------------------------------------------------------
+    @property
+    def slot(self) -> int:
+        """Number of closed slots ``n`` (the open slot is ``n + 1``)."""
+        return self._n
+
+    @property
+    def base_slot(self) -> int:
+        """Bottom of the window: slots ``≤ base_slot`` are final."""
+        return self._base
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._shapes)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Outcome counts of :meth:`add` (by ``Outcome`` value) and ``"released"``."""
+        return {**{o.value: 0 for o in Outcome}, RELEASED: 0, **self._counters}
+
+    def updates_in_open_slot(self) -> int:
+        return len(self._slots[self._n + 1].entries)
+
+    def held_future(self) -> dict[int, int]:
+        """Number of held updates per future slot."""
+        return {s: len(es) for s, es in sorted(self._held.items())}
+
+    def has_seen(self, update_id: bytes) -> bool:
+        return update_id in self._seen
+
+    def applied_ids(self, slot: int) -> list[bytes]:
+        """Sorted ids applied at a live slot (window or open)."""
+        if slot not in self._slots:
+            raise LocalProtocolError(f"slot {slot} is not live (live: {self._base + 1}..{self._n + 1})")
+        return sorted(self._slots[slot].ids())
+
+    def params(self, dtype: type = np.float32) -> dict[str, np.ndarray]:
+        """Copy of the working parameters ``θ_n`` (float32 by default)."""
+        return {n: self._theta[n].astype(dtype) for n in self._shapes}
+
+    def momentum(self, dtype: type = np.float64) -> dict[str, np.ndarray]:
+        """Copy of the working momentum ``v_n``."""
+        return {n: self._v[n].astype(dtype) for n in self._shapes}
+
+    # -- the state machine --------------------------------------------------------------------------
+    def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray]) -> Outcome:
+        """Apply, fold, hold or drop one update (see the module docstring); returns and counts the outcome.
+
+        ``deltas`` are the float32 dequantized pseudo-gradients ``θ_base − θ_local``. Arrays that own their
+        memory and are C-contiguous are *adopted*, not copied: the ledger keeps them and marks them
+        read-only (a later write by the caller raises). Others (views, strided) are copied.
+        Raises ``RemoteProtocolError`` (bad slot, schema, shape, non-finite) without changing any state.
+        """
+        check_meta(meta)
+        if meta.update_id in self._seen:
+            return self._count(Outcome.DUPLICATE)
+        n, target = self._n, meta.target_slot
+        if target > n + 1 + self.config.max_future_slots:
+            raise RemoteProtocolError(Reason.BAD_SLOT, f"slot {target} is too far ahead of open slot {n + 1}")
+        stale = target <= self._base
+        if stale and self.config.stale_policy is StalePolicy.DROP:
+            self._seen.add(meta.update_id)
+            return self._count(Outcome.DROPPED_STALE)
+        applied_at = n + 1 if stale else target
+        entry = self._make_entry(meta, applied_at, deltas)
+        self._seen.add(meta.update_id)
+        if target > n + 1:
+            self._held.setdefault(target, []).append(entry)
+            return self._count(Outcome.HELD_FUTURE)
+        changes = self._slots[applied_at].add(entry)
+        if applied_at == n + 1:
+            return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
+        v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
+        u = self._slots[applied_at].u
+        for name, change in changes.items():
+            fold_change(self._theta[name], self._v[name], u[name], entry.deltas[name], change, v_coef, theta_coef)
+        return self._count(Outcome.FOLDED_LATE)
+
+    def close_slot(self) -> ClosedSlot:
+        """Close the open slot ``n+1``: aggregate its set, take one outer step, open ``n+2`` (moving held
+        updates for it in), and finalize the slot that leaves the window. When to call is the node's
+        (and :class:`~protocol.ledger.policy.SlotClosePolicy`'s) business; the state never depends on it.
+        """
+        s = self._n + 1
+        closing = self._slots[s]
+        nesterov_step(self._theta, self._v, closing.u, closing.scales(), self.config.eta(s), self.config.momentum)
+        self._n = s
+        count = len(closing.entries)
+        recycled = None
+        while self._n - self._base > self.config.window:
+            recycled = self._finalize_bottom()
+        released = self._held.pop(s + 1, [])
+        self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released, buffers=recycled and recycled.u)
+        self._counters[RELEASED] += len(released)
+        return ClosedSlot(slot=s, updates=count, released=len(released))
+
+    # -- canonical state, digests -------------------------------------------------------------------
+    def canonical_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
+        function of the closed-slot count and the applied sets (bit-identical across replicas)."""
+        theta, v = _f64_copy(self._base_theta), _f64_copy(self._base_v)
+        for s in range(self._base + 1, self._n + 1):
+            self._canonical_step(theta, v, s)
+        return theta, v
+
+    def resync(self) -> None:
+        """Replace the working state by the canonical one (drops accumulated fold rounding)."""
+        self._theta, self._v = self.canonical_state()
+
+    def ledger_digest(self) -> bytes:
+        """SHA-256 of (closed-slot count, ids applied per slot for every slot up to the open one)."""
+        live = (dg.slot_digest(s, self._slots[s].ids()) for s in range(self._base + 1, self._n + 2))
+        return dg.ledger_digest(self._n, self._chain, live)
+
+    def params_digest(self) -> bytes:
+        """SHA-256 of the canonical ``θ_n`` rounded to float32 (sorted names, raw bytes): exact bits."""
+        theta, _ = self.canonical_state()
+        return dg.array_digest({n: a.astype(np.float32) for n, a in theta.items()}, b"diloco/params/v1\0")
+
+    def state_digest(self) -> bytes:
+        """SHA-256 of the canonical float64 ``θ_n`` and ``v_n`` and the ledger digest."""
+        theta, v = self.canonical_state()
+        arrays = {**{"theta/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
+        return dg.array_digest(arrays, b"diloco/ledger-state/v1\0" + self.ledger_digest())
+
+    # -- snapshots ----------------------------------------------------------------------------------
+    def snapshot(self) -> LedgerSnapshot:
+        """The full persistent state as plain data (arrays are copies / read-only deltas)."""
+        live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
+        held = [e for s in sorted(self._held) for e in self._held[s]]
+        return LedgerSnapshot(
+            slot=self._n,
+            base_slot=self._base,
+            config=self.config.fingerprint(),
+            shapes=dict(self._shapes),
+            base_params=_f64_copy(self._base_theta),
+            base_momentum=_f64_copy(self._base_v),
+            entries=tuple(SnapshotEntry(meta=e.meta, slot=e.slot, deltas=e.deltas) for e in live + held),
+            chain=self._chain,
+            seen=tuple(sorted(self._seen)),
+            counters=dict(self._counters),
+        )
+
+    @classmethod
+    def from_snapshot(
+        cls, snap: LedgerSnapshot, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> Ledger:
+        """A replica that continues exactly from ``snap`` (its working state is the canonical one).
+
+        Checks that ``snap`` was made under the same config (fingerprint) and, if given, for a model of
+        these ``shapes``, and that its entries are consistent; ``RemoteProtocolError(BAD_STATE)`` if not.
+        """
+        if dict(snap.config) != config.fingerprint():
+            raise _bad_state(f"config differs: snapshot {dict(snap.config)} vs local {config.fingerprint()}")
+        if shapes is not None and {n: tuple(s) for n, s in shapes.items()} != dict(snap.shapes):
+            raise _bad_state("tensor names or shapes differ from the local model")
+        n, base = snap.slot, snap.base_slot
+        if base != max(0, n - config.window):
+            raise _bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
+        seen = set(snap.seen)
+        ids = [e.meta.update_id for e in snap.entries]
+        if len(set(ids)) != len(ids) or not seen.issuperset(ids):
+            raise _bad_state("entry ids must be unique and listed in seen")
+        known = {o.value for o in Outcome} | {RELEASED}
+        if not known.issuperset(snap.counters):
+            raise _bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
+        self = cls.__new__(cls)
+        self.config = config
+        self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
+        entries = []
+        for e in snap.entries:
+            try:
+                check_meta(e.meta)
+            except RemoteProtocolError as exc:
+                raise _bad_state(f"entry: {exc}") from None
+            target, live = e.meta.target_slot, base < e.slot <= n + 1
+            held = e.slot > n + 1 and e.slot == target and e.slot <= n + 1 + config.max_future_slots
+            if not (
+                held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))
+            ):
+                raise _bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
+            entries.append(self._make_entry(e.meta, e.slot, e.deltas))
+        self._restore(
+            n,
+            base,
+            _f64_copy(snap.base_params),
+            _f64_copy(snap.base_momentum),
+            snap.chain,
+            entries,
+            seen,
+            Counter(snap.counters),
+        )
+        return self
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _count(self, outcome: Outcome) -> Outcome:
+        self._counters[outcome.value] += 1
+        return outcome
+
+    def _make_entry(self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray]) -> SlotEntry:
+        if sorted(deltas) != list(self._shapes):
+            raise RemoteProtocolError(
+                Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"
+            )
+        kept: dict[str, np.ndarray] = {}
+        norms: dict[str, float] = {}
+        adopted = []
+        for name, shape in self._shapes.items():
+            x = deltas[name]
+            if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+                raise LocalProtocolError(f"{name}: deltas must be float32 numpy arrays (dequantize first)")
+            if x.shape != shape:
+                raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"{name}: shape {x.shape}, expected {shape}")
+            if x.flags.owndata and x.flags.c_contiguous:
+                kept[name], norms[name] = x, tensor_norm(x)  # adopt: no copy
+                adopted.append(x)
+            else:
+                kept[name], norms[name] = copy_with_norm(x)
+                kept[name].flags.writeable = False
+            if not np.isfinite(norms[name]):
+                raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
+        for x in adopted:  # only once every tensor passed: a refused update leaves the caller's arrays alone
+            x.flags.writeable = False
+        return SlotEntry(
+            meta=meta, slot=slot, weight=update_weight(meta, slot, self.config), deltas=kept, norms=norms
+        )
+
+    def _canonical_step(self, theta: dict, v: dict, s: int) -> None:
+        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate (recomputed into the scratch)."""
+        scales = self._slots[s].canonical_into(self._scratch)
+        nesterov_step(theta, v, self._scratch, scales, self.config.eta(s), self.config.momentum)
+
+    def _finalize_bottom(self) -> LiveSlot:
+        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.
+        Returns the retired slot (its buffers can be reused)."""
+        s = self._base + 1
+        self._canonical_step(self._base_theta, self._base_v, s)
+        retired = self._slots.pop(s)
+        self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
+        self._base = s
+        return retired

@@ -1,0 +1,224 @@
+"""The ledger's full state as plain data, and its one byte encoding (msgpack + raw array bytes, no pickle).
+
+A :class:`LedgerSnapshot` holds what a joining node needs to continue exactly where the donor is: the
+float64 state at the bottom of the window, every update applied in the window and the open slot (and the
+held future ones) with their float32 deltas, the chain digest of the final slots, every update id ever
+seen (deduplication), the counters, and the config fingerprint. The working state is not stored: the
+loader replays the canonical state (see :class:`~protocol.ledger.ledger.Ledger`).
+
+Encoding (msgpack, binary strings on): a map with exactly the keys of ``_KEYS``; arrays are raw
+little-endian C-order bytes whose dtype is fixed by the field (float64 for the base state, float32 for
+deltas) and whose shape comes from ``"shapes"``. :meth:`LedgerSnapshot.from_bytes` checks every type,
+length and count and refuses anything else with ``RemoteProtocolError(Reason.BAD_STATE)``: the bytes
+come from a peer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from protocol.errors import Reason, RemoteProtocolError
+from protocol.ledger.config import ID_BYTES, UpdateMeta
+
+__all__ = ["LedgerSnapshot", "SnapshotEntry"]
+
+FORMAT = "diloco-ledger-snapshot"
+VERSION = 1
+_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "slot",
+        "base_slot",
+        "config",
+        "shapes",
+        "base_params",
+        "base_momentum",
+        "entries",
+        "chain",
+        "seen",
+        "counters",
+    }
+)
+_F64 = np.dtype("<f8")
+_F32 = np.dtype("<f4")
+
+
+@dataclass(frozen=True)
+class SnapshotEntry:
+    """An update applied at ``slot`` (or held for it, when ``slot`` is past the open one)."""
+
+    meta: UpdateMeta
+    slot: int
+    deltas: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """Plain-data ledger state. ``seen`` is sorted; ``counters`` maps counter names to counts."""
+
+    slot: int
+    base_slot: int
+    config: Mapping[str, object]
+    shapes: Mapping[str, tuple[int, ...]]
+    base_params: Mapping[str, np.ndarray]
+    base_momentum: Mapping[str, np.ndarray]
+    entries: tuple[SnapshotEntry, ...]
+    chain: bytes
+    seen: tuple[bytes, ...]
+    counters: Mapping[str, int]
+
+    def to_bytes(self) -> bytes:
+        """The canonical encoding (equal snapshots give equal bytes)."""
+        names = sorted(self.shapes)
+
+        def raw(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> dict[str, bytes]:
+            return {n: np.ascontiguousarray(arrays[n], dtype=dtype).tobytes() for n in names}
+
+        entries = [
+            [
+                e.meta.update_id,
+                e.meta.origin,
+                e.meta.base_slot,
+                e.meta.publish_slot,
+                e.meta.tokens,
+                e.meta.inner_steps,
+                e.slot,
+                raw(e.deltas, _F32),
+            ]
+            for e in sorted(self.entries, key=lambda e: e.meta.update_id)
+        ]
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "slot": self.slot,
+            "base_slot": self.base_slot,
+            "config": dict(self.config),
+            "shapes": {n: list(self.shapes[n]) for n in names},
+            "base_params": raw(self.base_params, _F64),
+            "base_momentum": raw(self.base_momentum, _F64),
+            "entries": entries,
+            "chain": self.chain,
+            "seen": b"".join(sorted(self.seen)),
+            "counters": dict(sorted(self.counters.items())),
+        }
+        return msgpack.packb(doc, use_bin_type=True)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LedgerSnapshot:
+        """Decode and structurally validate; ``RemoteProtocolError(BAD_STATE)`` on anything unexpected.
+        Consistency with a config and a model is checked by ``Ledger.from_snapshot``."""
+        try:
+            doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        except (msgpack.UnpackException, ValueError, TypeError) as exc:
+            raise _bad(f"undecodable: {exc}") from None
+        if not isinstance(doc, dict) or set(doc) != _KEYS:
+            raise _bad("top level must be a map with exactly the snapshot keys")
+        if doc["format"] != FORMAT or doc["version"] != VERSION:
+            raise _bad(f"unsupported format/version {doc['format']!r}/{doc['version']!r}")
+        slot, base = _uint(doc["slot"], "slot"), _uint(doc["base_slot"], "base_slot")
+        if base > slot:
+            raise _bad("base_slot > slot")
+        if not isinstance(doc["config"], dict) or not all(isinstance(k, str) for k in doc["config"]):
+            raise _bad("config must be a map")
+        shapes = _shapes(doc["shapes"])
+        entries = tuple(_entry(x, shapes) for x in _list(doc["entries"], "entries"))
+        chain = _bytes(doc["chain"], "chain")
+        if len(chain) != 32:
+            raise _bad("chain must be 32 bytes")
+        seen_raw = _bytes(doc["seen"], "seen")
+        if len(seen_raw) % ID_BYTES:
+            raise _bad("seen must be a concatenation of 32-byte ids")
+        seen = tuple(seen_raw[i : i + ID_BYTES] for i in range(0, len(seen_raw), ID_BYTES))
+        if any(a >= b for a, b in zip(seen, seen[1:], strict=False)):
+            raise _bad("seen ids must be sorted and unique")
+        counters = doc["counters"]
+        if not isinstance(counters, dict) or not all(isinstance(k, str) for k in counters):
+            raise _bad("counters must be a map")
+        return cls(
+            slot=slot,
+            base_slot=base,
+            config=doc["config"],
+            shapes=shapes,
+            base_params=_arrays(doc["base_params"], shapes, _F64, "base_params"),
+            base_momentum=_arrays(doc["base_momentum"], shapes, _F64, "base_momentum"),
+            entries=entries,
+            chain=chain,
+            seen=seen,
+            counters={k: _uint(v, f"counters[{k}]") for k, v in counters.items()},
+        )
+
+
+def _bad(detail: str) -> RemoteProtocolError:
+    return RemoteProtocolError(Reason.BAD_STATE, detail)
+
+
+def _uint(x: object, what: str) -> int:
+    if type(x) is not int or x < 0:
+        raise _bad(f"{what} must be a non-negative int")
+    return x
+
+
+def _bytes(x: object, what: str) -> bytes:
+    if not isinstance(x, bytes):
+        raise _bad(f"{what} must be bytes")
+    return x
+
+
+def _list(x: object, what: str) -> list:
+    if not isinstance(x, list):
+        raise _bad(f"{what} must be an array")
+    return x
+
+
+def _shapes(x: object) -> dict[str, tuple[int, ...]]:
+    if not isinstance(x, dict) or not x or not all(isinstance(k, str) for k in x):
+        raise _bad("shapes must be a non-empty map of names")
+    return {
+        name: tuple(_uint(d, f"shape of {name}") for d in _list(dims, f"shape of {name}"))
+        for name, dims in sorted(x.items())
+    }
+
+
+def _arrays(x: object, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype, what: str) -> dict[str, np.ndarray]:
+    """Raw bytes per name → read-only arrays of ``dtype``; exact names, lengths, finite values."""
+    if not isinstance(x, dict) or set(x) != set(shapes):
+        raise _bad(f"{what} must name exactly the tensors of shapes")
+    out = {}
+    for name, shape in shapes.items():
+        raw = _bytes(x[name], f"{what}[{name}]")
+        if len(raw) != math.prod(shape) * dtype.itemsize:
+            raise _bad(f"{what}[{name}] has {len(raw)} bytes, expected {math.prod(shape) * dtype.itemsize}")
+        arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if not np.isfinite(arr).all():
+            raise _bad(f"{what}[{name}] has non-finite values")
+        out[name] = arr
+    return out
+
+
+def _entry(x: object, shapes: Mapping[str, tuple[int, ...]]) -> SnapshotEntry:
+    fields = _list(x, "entry")
+    if len(fields) != 8:
+        raise _bad("an entry has 8 fields")
+    update_id, origin, base_slot, publish_slot, tokens, steps, slot, deltas = fields
+    if not isinstance(origin, str):
+        raise _bad("entry origin must be a string")
+    update_id = _bytes(update_id, "entry id")
+    if len(update_id) != ID_BYTES:
+        raise _bad("entry id must be 32 bytes")
+    meta = UpdateMeta(
+        update_id=update_id,
+        origin=origin,
+        base_slot=_uint(base_slot, "entry base_slot"),
+        publish_slot=_uint(publish_slot, "entry publish_slot"),
+        tokens=_uint(tokens, "entry tokens"),
+        inner_steps=_uint(steps, "entry inner_steps"),
+    )
+    return SnapshotEntry(
+        meta=meta, slot=_uint(slot, "entry slot"), deltas=_arrays(deltas, shapes, _F32, "entry deltas")
+    )
