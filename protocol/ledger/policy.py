@@ -15,6 +15,8 @@ Contract of :meth:`SlotClosePolicy.decide` (with ``hold = max_hold_steps · step
 
 * before ``round_done_at`` it never closes (the round is still running);
 * it closes as soon as ``updates_in_slot ≥ quorum`` and ``now ≥ round_done_at + grace``;
+* it closes at once when the slot already holds every update it can expect (``expected_updates``: one
+  per live node, this one included): waiting longer cannot fill the slot any further;
 * it ALWAYS closes once ``now ≥ round_done_at + hold``, quorum or not (dead peers never stall a node);
 * otherwise it answers ``close=False`` with ``wake_at``, the time to ask again if nothing else happens.
   The caller also asks again whenever an update for the slot arrives (the quorum may now be met).
@@ -38,6 +40,7 @@ WHY_GRACE = "grace"
 WHY_AWAIT_QUORUM = "await-quorum"
 WHY_QUORUM = "quorum"
 WHY_DEADLINE = "deadline"
+WHY_COMPLETE = "complete"
 
 
 @dataclass(frozen=True)
@@ -140,16 +143,30 @@ class SlotClosePolicy:
         slack = inner_steps * self.step_ema - self.transfer_ema - self.sync_ema
         return min(self.config.gamma * max(0.0, slack), self.hold_seconds())
 
-    def decide(self, *, now: float, round_done_at: float, updates_in_slot: int, inner_steps: int) -> CloseDecision:
+    def decide(
+        self,
+        *,
+        now: float,
+        round_done_at: float,
+        updates_in_slot: int,
+        inner_steps: int,
+        expected_updates: int | None = None,
+    ) -> CloseDecision:
         """Close the open slot now, or say when to ask again. Pure given the moving averages.
 
         ``round_done_at`` is when this node's own round finished (or will finish); ``updates_in_slot``
-        counts the updates assigned to the open slot so far, the node's own included.
+        counts the updates assigned to the open slot so far, the node's own included;
+        ``expected_updates``, if known, is how many the slot can hold at most (live nodes, this one
+        included) — once they are all in, the slot closes without waiting out the grace window.
         """
         if updates_in_slot < 0:
             raise LocalProtocolError(f"updates_in_slot must be ≥ 0, got {updates_in_slot}")
+        if expected_updates is not None and expected_updates < 1:
+            raise LocalProtocolError(f"expected_updates must be ≥ 1, got {expected_updates}")
         if now < round_done_at:
             return CloseDecision(False, round_done_at, WHY_ROUND_RUNNING)
+        if expected_updates is not None and updates_in_slot >= expected_updates:
+            return CloseDecision(True, None, WHY_COMPLETE)
         deadline = round_done_at + self.hold_seconds()
         grace_end = round_done_at + self.grace_seconds(inner_steps)
         quorum_met = updates_in_slot >= self.config.quorum

@@ -121,3 +121,20 @@ def test_never_stalls_and_always_makes_progress(quorum, gamma, hold, steps, tran
         assert now < d.wake_at <= deadline
     if updates >= quorum and now >= done + policy.grace_seconds(tau):
         assert d == CloseDecision(True, None, "quorum")
+
+
+def test_closes_without_grace_once_every_expected_update_is_in():
+    # step 1 s, τ=10 → grace 1 s (the hold); 3 live nodes
+    policy = make(quorum=1, step=1.0)
+    assert policy.decide(now=5.0, round_done_at=5.0, updates_in_slot=2, inner_steps=10, expected_updates=3) == (
+        CloseDecision(False, 6.0, "grace")
+    )
+    assert policy.decide(now=5.0, round_done_at=5.0, updates_in_slot=3, inner_steps=10, expected_updates=3) == (
+        CloseDecision(True, None, "complete")
+    )
+    # never before the node's own round is done
+    assert policy.decide(now=4.0, round_done_at=5.0, updates_in_slot=3, inner_steps=10, expected_updates=3) == (
+        CloseDecision(False, 5.0, "round-running")
+    )
+    with pytest.raises(LocalProtocolError):
+        policy.decide(now=5.0, round_done_at=5.0, updates_in_slot=1, inner_steps=10, expected_updates=0)
