@@ -5,6 +5,7 @@ compression and the outer-step ledger. No sockets, no trio, no clocks, no JAX: t
 from protocol.compression import BLOCK_SIZE, Codec, ErrorFeedback, decode_tensors, encode_tensors, payload_size
 from protocol.errors import LocalProtocolError, ProtocolError, Reason, RemoteProtocolError
 from protocol.framing import MAX_FRAME_SIZE, FrameDecoder, encode_frame, frame
+from protocol.gossip import GossipConfig, Handshake, Router, ScoreConfig
 from protocol.identity import (
     Identity,
     KeyFileError,
@@ -70,7 +71,9 @@ __all__ = [
     "frame",
     "FrameDecoder",
     "Goodbye",
+    "GossipConfig",
     "Graft",
+    "Handshake",
     "Heartbeat",
     "Hello",
     "HelloProof",
@@ -100,6 +103,8 @@ __all__ = [
     "RejectCounters",
     "RemoteProtocolError",
     "ReplayWindow",
+    "Router",
+    "ScoreConfig",
     "SeenCache",
     "SeqnoSource",
     "sign",

@@ -1,0 +1,243 @@
+"""p2p benchmarks: blob plane throughput against a raw trio socket copy of the same bytes, measured in
+the same run, and gossip control overhead per delivered blob for N nodes.
+
+    python -m p2p.bench                      # 64 MiB x 5 transfers, 8 nodes x 16 blobs
+    python -m p2p.bench --mib 256 --repeats 3
+
+Both transfers run over loopback, either in this one process (sender and receiver share the interpreter, as
+the tests do) or, by default, with the serving node in a second process as in a deployment; raw and
+blob runs are interleaved so background load hits both alike. The blob path is the real one: a host
+serves the stored file with hypercorn, the other host's `fetch_blob` streams it with httpx, hashes it
+and writes it to its store. The raw baseline sends the same bytes from the same process as the
+serving node over a plain trio socket into a preallocated buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from p2p.config import HostConfig
+from p2p.counters import Kind
+from p2p.host import Host, run
+from p2p.transport import listener_addr, open_listener
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+
+RUN = "bench"
+CHUNK = 4 << 20
+
+
+async def serve_raw(listener: trio.SocketListener, payload: bytes) -> None:
+    """Send `payload` to every connection on `listener`, in 4 MiB writes, then close it."""
+    async def one(stream: trio.SocketStream) -> None:
+        view = memoryview(payload)
+        for i in range(0, len(payload), CHUNK):
+            await stream.send_all(view[i : i + CHUNK])
+        await stream.aclose()
+
+    await trio.serve_listeners(one, [listener])
+
+
+async def raw_copy(port: int, size: int) -> float:
+    """Seconds to receive `size` bytes from the raw sender on `port` into a preallocated buffer."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    t0 = time.perf_counter()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    got = 0
+    while got < size:
+        n = await stream.socket.recv_into(view[got:], min(CHUNK, size - got))
+        if n == 0:
+            raise RuntimeError("raw sender closed early")
+        got += n
+    elapsed = time.perf_counter() - t0
+    await stream.aclose()
+    return elapsed
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) used so far by process `pid` (None: this one)."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _config(tmp: Path, name: str, gossip: GossipConfig, **kw: object) -> HostConfig:
+    return HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip, **kw)  # type: ignore[arg-type]
+
+
+async def _until(predicate: object, timeout: float) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():  # type: ignore[operator]
+            await trio.sleep(0.005)
+
+
+async def _serving_side(tmp: Path, payload: bytes, nursery: trio.Nursery) -> dict[str, object]:
+    """Host A holding the blob, and a raw sender of the same bytes. Returns where to find them."""
+    a: Host = await nursery.start(run, _config(tmp, "a", GossipConfig(run_id=RUN)))
+    name = await a.add_blob(payload)
+    listener = await open_listener("127.0.0.1", 0)
+    nursery.start_soon(serve_raw, listener, payload)
+    return {"gossip_addr": a.gossip_addr, "peer_id": a.peer_id, "blob": name, "size": len(payload),
+            "raw_port": listener_addr(listener)[1], "host": a}
+
+
+async def serve_child(tmp: Path, mib: int) -> None:
+    """`--serve` mode (the other process): print where the blob is, serve until stdin closes."""
+    async with trio.open_nursery() as nursery:
+        info = await _serving_side(tmp, os.urandom(mib << 20), nursery)
+        host = info.pop("host")
+        print(json.dumps(info), flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)
+        await host.close()  # type: ignore[attr-defined]
+        nursery.cancel_scope.cancel()
+
+
+async def blob_transfers(
+    tmp: Path, mib: int, repeats: int, same_process: bool
+) -> tuple[list[float], list[float], dict[str, float]]:
+    """(blob seconds, raw seconds) per repeat, interleaved, from a serving node in another process
+    (or this one with `same_process`) to a fetching node here; then CPU seconds (all threads) of
+    the receiving and (in two-process mode) the sending process, for blobs and for raw copies."""
+    blob_s: list[float] = []
+    raw_s: list[float] = []
+    cpu = {"blob": 0.0, "raw": 0.0, "blob_sender": 0.0, "raw_sender": 0.0}
+    async with trio.open_nursery() as nursery:
+        if same_process:
+            info = await _serving_side(tmp, os.urandom(mib << 20), nursery)
+            child = None
+        else:
+            child = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "p2p.bench", "--serve", str(tmp / "serve"), "--mib", str(mib)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            )
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await child.stdout.receive_some(4096)  # type: ignore[union-attr]
+                if not chunk:
+                    raise RuntimeError("the serving process exited early")
+                line += chunk
+            info = json.loads(line)
+        b: Host = await nursery.start(run, _config(tmp, "b", GossipConfig(run_id=RUN), bootstrap=(info["gossip_addr"],)))
+        await _until(lambda: info["peer_id"] in b.connected_peers(), 10)
+        name, size = str(info["blob"]), int(info["size"])  # type: ignore[call-overload]
+        sender = child.pid if child is not None else None
+        for _ in range(repeats):
+            c0, s0 = time.process_time(), _cpu_seconds(sender)
+            raw_s.append(await raw_copy(int(info["raw_port"]), size))  # type: ignore[call-overload]
+            cpu["raw"] += time.process_time() - c0
+            cpu["raw_sender"] += _cpu_seconds(sender) - s0
+            b.store.remove(name)
+            b.router.forget_blob(name)
+            c0, s0, t0 = time.process_time(), _cpu_seconds(sender), time.perf_counter()
+            await b.fetch_blob(name, size, [str(info["peer_id"])])
+            blob_s.append(time.perf_counter() - t0)
+            cpu["blob"] += time.process_time() - c0
+            cpu["blob_sender"] += _cpu_seconds(sender) - s0
+        if b.store.size(name) != size or b.counters.blob_downloads != repeats:
+            raise RuntimeError("blob transfer bookkeeping is off")
+        await b.close()
+        if child is not None:
+            await child.stdin.aclose()  # type: ignore[union-attr]
+            await child.wait()
+        nursery.cancel_scope.cancel()
+    return blob_s, raw_s, cpu
+
+
+async def control_overhead(tmp: Path, nodes: int, blobs: int, blob_bytes: int) -> dict[str, float]:
+    """Publish `blobs` updates from rotating nodes of an overlay of `nodes` (default gossip settings);
+    control bytes sent by all nodes while they spread, per delivered blob."""
+    gossip = GossipConfig(run_id=RUN)
+    hosts: list[Host] = []
+    async with trio.open_nursery() as nursery:
+        hosts.append(await nursery.start(run, _config(tmp, "c0", gossip)))
+        for i in range(1, nodes):
+            hosts.append(await nursery.start(run, _config(tmp, f"c{i}", gossip, bootstrap=(hosts[0].gossip_addr,))))
+        await _until(lambda: all(len(h.connected_peers()) == nodes - 1 for h in hosts), 30)
+        await _until(lambda: all(len(h.router.mesh) >= gossip.d_lo for h in hosts), 30)
+        before = sum(h.counters.total(Kind.CONTROL).sent_bytes for h in hosts)
+        kinds_before = [dict(h.counters.queued_by_kind) for h in hosts]
+        t0 = time.perf_counter()
+        for k in range(blobs):
+            payload = os.urandom(blob_bytes)
+            await hosts[k % nodes].publish_update(
+                payload, base_slot=0, publish_slot=0, tokens=1, inner_steps=1, codec="fp32",
+                shapes=(("w", (blob_bytes // 4,)),),
+            )
+        expected = blobs * (nodes - 1)
+        await _until(lambda: sum(h.inbox.statistics().current_buffer_used for h in hosts) >= expected, 60)
+        window = time.perf_counter() - t0
+        total = sum(h.counters.total(Kind.CONTROL).sent_bytes for h in hosts) - before
+        by_kind: dict[str, int] = {}
+        for h, old in zip(hosts, kinds_before, strict=True):
+            for kind, n in h.counters.queued_by_kind.items():
+                by_kind[kind] = by_kind.get(kind, 0) + n - old.get(kind, 0)
+        downloads = sum(h.counters.blob_downloads for h in hosts)
+        for h in hosts:
+            await h.close()
+    out: dict[str, float] = {"deliveries": expected, "downloads": downloads, "window_s": window, "total": total}
+    out.update({f"kind:{k}": v for k, v in sorted(by_kind.items())})
+    return out
+
+
+def _gbit(nbytes: int, seconds: float) -> float:
+    return nbytes * 8 / seconds / 1e9
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.serve:
+        await serve_child(Path(args.serve), args.mib)
+        return
+    with tempfile.TemporaryDirectory(prefix="p2p-bench-") as tmp:
+        blob_s, raw_s, cpu = await blob_transfers(Path(tmp), args.mib, args.repeats, args.same_process)
+        blob_med, raw_med = statistics.median(blob_s), statistics.median(raw_s)
+        n = args.mib << 20
+        where = "both nodes in this process" if args.same_process else "serving node in a second process"
+        print(f"blob plane: {args.mib} MiB x {args.repeats}, {where}")
+        print("  (hypercorn serves the stored file -> httpx streams it -> sha256 + write to the store)")
+        print(f"  blob transfer   median {blob_med * 1e3:7.1f} ms = {_gbit(n, blob_med):5.2f} Gbit/s"
+              f"  (best {_gbit(n, min(blob_s)):.2f})")
+        print(f"  raw trio socket median {raw_med * 1e3:7.1f} ms = {_gbit(n, raw_med):5.2f} Gbit/s"
+              f"  (best {_gbit(n, min(raw_s)):.2f})")
+        print(f"  ratio blob / raw = {raw_med / blob_med:.2f}")
+        gib = n * args.repeats / 2**30
+        if not args.same_process:
+            ms = {k: v / gib * 1e3 for k, v in cpu.items()}
+            print(f"  CPU per GiB (all threads): receiver blob {ms['blob']:.0f} ms, raw {ms['raw']:.0f} ms;"
+                  f" sender blob {ms['blob_sender']:.0f} ms, raw {ms['raw_sender']:.0f} ms")
+        print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        c = await control_overhead(Path(tmp), args.nodes, args.blobs, args.blob_kib << 10)
+        per = c["total"] / c["deliveries"]
+        print(f"control overhead: {args.nodes} nodes, {args.blobs} blobs of {args.blob_kib} KiB, "
+              f"{c['deliveries']:.0f} deliveries, {c['downloads']:.0f} downloads, {c['window_s']:.2f} s")
+        print(f"  {c['total']:.0f} control bytes on the wire = {per:.0f} B per delivered blob "
+              f"({per / (args.blob_kib << 10) * 100:.3f}% of the blob)")
+        kinds = ", ".join(f"{k[5:]} {v / c['deliveries']:.0f}" for k, v in c.items() if k.startswith("kind:"))
+        print(f"  per delivered blob by message kind (bytes): {kinds}")
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=64, help="blob size for the throughput test")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--blobs", type=int, default=16)
+    parser.add_argument("--blob-kib", type=int, default=1024)
+    parser.add_argument("--same-process", action="store_true", help="serve from this process too")
+    parser.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)  # the child process's mode
+    trio.run(main, parser.parse_args())
+
+
+if __name__ == "__main__":
+    cli()

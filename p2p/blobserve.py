@@ -1,0 +1,78 @@
+"""Serving blobs over HTTP: `GET /blobs/<hex>` streams a verified blob from the store.
+
+Contract: only complete, verified blobs are served (the store never exposes part files); the body
+is read from disk in `chunk_bytes` pieces in a worker thread, so a large blob is never held whole in
+memory and the trio loop never blocks on the disk. A client may name itself with the `x-diloco-peer`
+header; that name is used for the byte counters only (it is not authenticated, and need not be:
+the content is verified by hash).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import AsyncIterator
+
+import trio
+
+from p2p.blobstore import BlobStore, check_hex
+from p2p.counters import UNKNOWN_PEER, Counters, Kind
+from p2p.http import HttpApp, Request, Response
+from protocol.errors import LocalProtocolError
+
+log = logging.getLogger("p2p.blobs")
+
+BLOB_PREFIX = "/blobs/"
+PEER_HEADER = "x-diloco-peer"
+DEFAULT_CHUNK = 4 << 20
+_PEER_NAME = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,64}")  # base58: safe as a metrics label
+
+
+class BlobService:
+    """The `/blobs/` route of a node's HTTP app."""
+
+    def __init__(self, store: BlobStore, counters: Counters, *, chunk_bytes: int = DEFAULT_CHUNK) -> None:
+        self.store = store
+        self.counters = counters
+        self.chunk_bytes = chunk_bytes
+
+    def mount(self, app: HttpApp) -> None:
+        app.route("GET", BLOB_PREFIX, self.handle)
+
+    async def handle(self, request: Request) -> Response:
+        name = request.path.removeprefix(BLOB_PREFIX)
+        try:
+            check_hex(name)
+        except LocalProtocolError:
+            return Response.text(400, "bad blob name\n")
+        if not self.store.has(name):
+            return Response.text(404, "no such blob\n")
+        peer = request.headers.get(PEER_HEADER, "")
+        peer = peer if _PEER_NAME.fullmatch(peer) else UNKNOWN_PEER
+        path = self.store.path(name)
+        size = self.store.size(name)
+        return Response(
+            200,
+            self._stream(path, size, peer),
+            {"content-type": "application/octet-stream"},
+            content_length=size,
+        )
+
+    async def _stream(self, path: os.PathLike[str], size: int, peer: str) -> AsyncIterator[bytes]:
+        fd = os.open(path, os.O_RDONLY)
+        sent = 0
+        try:
+            while sent < size:
+                chunk = await trio.to_thread.run_sync(os.pread, fd, min(self.chunk_bytes, size - sent), sent)
+                if not chunk:
+                    break  # the file shrank under us (removed); the client sees a short body
+                sent += len(chunk)
+                yield chunk
+                self.counters.sent(peer, Kind.BLOB, len(chunk), frames=0)
+        finally:
+            os.close(fd)
+            if sent == size:
+                self.counters.blobs_served += 1
+                self.counters.traffic(peer, Kind.BLOB).sent_frames += 1
+            log.debug("served blob %s to %s: %d of %d bytes", os.fspath(path)[-64:][:12], peer[:16], sent, size)

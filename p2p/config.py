@@ -1,0 +1,52 @@
+"""Configuration of one p2p host (transport, limits, blob plane). Gossip parameters live in
+`protocol.gossip.GossipConfig`; `HostConfig.gossip` carries them (default: derived from `run_id`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.errors import LocalProtocolError
+from protocol.framing import MAX_FRAME_SIZE
+from protocol.gossip import AcceptHook, GossipConfig
+from protocol.identity import Identity
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    identity: Identity
+    run_id: str
+    data_dir: Path  # blobs are stored under data_dir/blobs
+    listen_host: str = "127.0.0.1"
+    gossip_port: int = 0  # 0: pick a free port
+    http_port: int = 0
+    advertise_host: str = ""  # the host peers should dial (default: listen_host)
+    bootstrap: tuple[str, ...] = ()  # "host:port" gossip addresses
+    gossip: GossipConfig | None = None
+    max_frame_size: int = MAX_FRAME_SIZE
+    max_connections: int = 64  # open TCP connections, handshaking ones included
+    queue_frames: int = 1024  # per-connection send queue bounds
+    queue_bytes: int = 8 << 20
+    handshake_timeout_s: float = 5.0
+    dial_timeout_s: float = 5.0
+    fetch_timeout_s: float = 60.0  # per HTTP read/connect, not per blob
+    max_parallel_fetches: int = 4
+    blob_read_bytes: int = 1 << 20  # HTTP client read size
+    blob_chunk_bytes: int = 4 << 20  # HTTP server body chunk
+    goodbye_flush_s: float = 1.0  # how long close() waits for the goodbye to be written
+    seed: int | None = None  # for the router's randomness (None: from the OS)
+    clock: Callable[[], float] = time.time  # Unix time: seqnos and replay windows use it
+    accept: AcceptHook | None = None  # application check on signed messages, raises RemoteProtocolError
+    agent: str = "diloco/0.1"
+
+    def __post_init__(self) -> None:
+        if self.gossip is not None and self.gossip.run_id != self.run_id:
+            raise LocalProtocolError("gossip config is for another run id")
+        if self.max_connections < 1 or self.queue_frames < 1 or self.queue_bytes < self.max_frame_size:
+            raise LocalProtocolError("need max_connections >= 1, queue_frames >= 1, queue_bytes >= max_frame_size")
+
+    @property
+    def gossip_config(self) -> GossipConfig:
+        return self.gossip if self.gossip is not None else GossipConfig(run_id=self.run_id)

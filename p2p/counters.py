@@ -1,0 +1,133 @@
+"""Byte and frame counters per peer and per kind (control frames vs blobs), and rejections by reason.
+
+One `Counters` object per host; every I/O path adds to it. `snapshot()` is JSON-ready for `/status`
+and `/metrics`. Counting is synchronous and cheap (plain ints), safe from any trio task; the blob
+paths that run in worker threads report back to the trio thread before counting.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from protocol.errors import Reason
+
+UNKNOWN_PEER = "unknown"  # traffic before a handshake completed, or an HTTP client that named no peer
+
+
+class Kind(enum.StrEnum):
+    CONTROL = "control"  # length-prefixed gossip frames on the TCP connections
+    BLOB = "blob"  # HTTP blob bodies (frames = transfers)
+
+
+@dataclass
+class Traffic:
+    sent_bytes: int = 0
+    recv_bytes: int = 0
+    sent_frames: int = 0
+    recv_frames: int = 0
+
+    def add(self, other: Traffic) -> None:
+        self.sent_bytes += other.sent_bytes
+        self.recv_bytes += other.recv_bytes
+        self.sent_frames += other.sent_frames
+        self.recv_frames += other.recv_frames
+
+
+class Counters:
+    """Monotonic counters; nothing here is ever reset while the host runs."""
+
+    def __init__(self) -> None:
+        self._traffic: dict[tuple[str, Kind], Traffic] = {}
+        self.rejections: Counter[Reason] = Counter()
+        self.rejections_by_peer: dict[str, Counter[Reason]] = {}
+        self.dropped_frames: Counter[str] = Counter()  # per peer: send queue full
+        self.blob_downloads = 0  # verified blobs fetched from peers
+        self.blob_fetch_failures = 0  # attempts that failed and moved on to another holder
+        self.blobs_served = 0  # complete bodies sent to peers
+        self.events: Counter[str] = Counter()  # connects, disconnects, dials, ... by name
+        self.queued_by_kind: Counter[str] = Counter()  # control bytes queued for sending, by message kind
+
+    def traffic(self, peer: str, kind: Kind) -> Traffic:
+        key = (peer, kind)
+        found = self._traffic.get(key)
+        if found is None:
+            found = self._traffic[key] = Traffic()
+        return found
+
+    def sent(self, peer: str, kind: Kind, nbytes: int, frames: int = 1) -> None:
+        t = self.traffic(peer, kind)
+        t.sent_bytes += nbytes
+        t.sent_frames += frames
+
+    def received(self, peer: str, kind: Kind, nbytes: int, frames: int = 1) -> None:
+        t = self.traffic(peer, kind)
+        t.recv_bytes += nbytes
+        t.recv_frames += frames
+
+    def rejected(self, peer: str, reason: Reason) -> None:
+        self.rejections[reason] += 1
+        self.rejections_by_peer.setdefault(peer, Counter())[reason] += 1
+
+    def total(self, kind: Kind) -> Traffic:
+        out = Traffic()
+        for (_, k), t in self._traffic.items():
+            if k == kind:
+                out.add(t)
+        return out
+
+    def peers(self) -> list[str]:
+        """Peers with any traffic (the `unknown` bucket only while it holds bytes)."""
+        return sorted({p for (p, _), t in self._traffic.items() if t != Traffic()})
+
+    def prometheus(self, prefix: str = "diloco_p2p") -> str:
+        """Prometheus text exposition (counters only) for a node's `/metrics`."""
+        lines: list[str] = []
+
+        def family(name: str, help_text: str) -> str:
+            full = f"{prefix}_{name}"
+            lines.append(f"# HELP {full} {help_text}")
+            lines.append(f"# TYPE {full} counter")
+            return full
+
+        for field_name, what in [("sent_bytes", "bytes sent"), ("recv_bytes", "bytes received"),
+                                 ("sent_frames", "frames (blob: transfers) sent"),
+                                 ("recv_frames", "frames (blob: transfers) received")]:
+            full = family(f"{field_name}_total", f"{what}, by peer and kind")
+            for (peer, kind), t in sorted(self._traffic.items()):
+                lines.append(f'{full}{{peer="{peer}",kind="{kind.value}"}} {getattr(t, field_name)}')
+        full = family("rejections_total", "refused messages and blobs, by reason")
+        for reason in Reason:
+            lines.append(f'{full}{{reason="{reason.value}"}} {self.rejections[reason]}')
+        full = family("dropped_frames_total", "frames dropped because a peer's send queue was full")
+        for peer, n in sorted(self.dropped_frames.items()):
+            lines.append(f'{full}{{peer="{peer}"}} {n}')
+        for name, value, what in [("blob_downloads_total", self.blob_downloads, "verified blobs downloaded"),
+                                  ("blob_fetch_failures_total", self.blob_fetch_failures, "failed blob fetch attempts"),
+                                  ("blobs_served_total", self.blobs_served, "complete blob bodies served")]:
+            lines.append(f"{family(name, what)} {value}")
+        full = family("events_total", "connection events by name")
+        for event, n in sorted(self.events.items()):
+            lines.append(f'{full}{{event="{event}"}} {n}')
+        return "\n".join(lines) + "\n"
+
+    def snapshot(self) -> dict[str, object]:
+        """Everything, as plain JSON-able dicts."""
+        return {
+            "totals": {k.value: asdict(self.total(k)) for k in Kind},
+            "peers": {
+                p: {k.value: asdict(t) for (pp, k), t in self._traffic.items() if pp == p and t != Traffic()}
+                for p in self.peers()
+            },
+            "rejections": {r.value: n for r, n in sorted(self.rejections.items())},
+            "rejections_by_peer": {
+                p: {r.value: n for r, n in sorted(c.items())} for p, c in sorted(self.rejections_by_peer.items())
+            },
+            "dropped_frames": dict(sorted(self.dropped_frames.items())),
+            "blob_downloads": self.blob_downloads,
+            "blob_fetch_failures": self.blob_fetch_failures,
+            "blobs_served": self.blobs_served,
+            "events": dict(sorted(self.events.items())),
+            "queued_by_kind": dict(sorted(self.queued_by_kind.items())),
+        }

@@ -1,0 +1,16 @@
+"""The p2p layer's one domain exception for I/O failures.
+
+Every OSError, trio.BrokenResourceError, trio.ClosedResourceError and httpx.TransportError raised by a
+socket or an HTTP exchange is re-raised as `TransportError` at the edge of this package; a peer that
+*misbehaved* raises `protocol.errors.RemoteProtocolError` instead (it carries a `Reason` to count).
+"""
+
+from __future__ import annotations
+
+
+class TransportError(Exception):
+    """A connection or HTTP exchange failed (refused, reset, closed, timed out, bad HTTP status)."""
+
+    def __init__(self, message: str, *, peer: str = "") -> None:
+        self.peer = peer
+        super().__init__(f"{peer[:16]}: {message}" if peer else message)

@@ -1,0 +1,464 @@
+"""The p2p host: executes the gossip router's decisions over TCP connections and the HTTP blob plane.
+
+    async with trio.open_nursery() as nursery:
+        host = await nursery.start(p2p.run, config)     # listening; host.gossip_addr, host.http_addr
+        await host.publish_update(payload, base_slot=..., ...)
+        async for delivery in host.inbox: ...           # verified header + stored blob path
+        await host.close("done")                        # signed goodbye, then everything stops
+
+Contract:
+- All router calls happen on the trio thread, one at a time ("decide"); `_execute` then does the I/O
+  ("do"): queue frames, start dials and blob fetches, deliver, disconnect, count rejections.
+- Every task (listener, HTTP server, heartbeat, one reader + one writer per connection, dials,
+  fetches) lives in the host's nursery. `close()` says goodbye and returns once `run` has stopped;
+  `abort()` (or cancelling the caller's scope) stops without a goodbye, like a crash.
+- The inbox is unbounded: the application must keep reading it.
+- Every refusal is counted in `counters.rejections` by `Reason` and logged on one line with the peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from p2p.blobfetch import BlobClient
+from p2p.blobserve import BlobService
+from p2p.blobstore import BlobStore
+from p2p.config import HostConfig
+from p2p.connection import Connection
+from p2p.counters import Counters
+from p2p.errors import TransportError
+from p2p.http import HttpApp, serve_http
+from p2p.transport import dial, format_addr, listener_addr, open_listener
+from protocol import signing
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.gossip import Action, Deliver, Dial, Disconnect, Fetch, Handshake, Reject, Router, Send, State
+from protocol.messages import Goodbye, Hello, PeerInfo, Signed, StateManifest, UpdateHeader
+from protocol.seen import SeqnoSource
+
+log = logging.getLogger("p2p.host")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A verified signed message from the overlay; for an update, `blob` is the stored payload file."""
+
+    message: Signed
+    blob: Path | None
+    source: str  # the peer we got it (and its blob) from
+
+    @property
+    def body(self) -> UpdateHeader | Goodbye | StateManifest:
+        return self.message.body
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    peer_id: str
+    gossip_addr: str
+    http_addr: str
+    outbound: bool
+    in_mesh: bool
+    score: float
+    connected_for_s: float
+    slot: int | None
+    round: int | None
+    state: str | None
+
+
+class Host:
+    """Create through `run(config)`; the methods below are the node's API."""
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.identity = config.identity
+        self.peer_id = config.identity.peer_id
+        self.counters = Counters()
+        self.store = BlobStore(Path(config.data_dir) / "blobs")
+        self.http = HttpApp()
+        BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes).mount(self.http)
+        self.gossip_addr = ""
+        self.http_addr = ""
+        self.router: Router  # set in _serve, once the addresses are known
+        self._seqnos = SeqnoSource()
+        self._conns: dict[int, Connection] = {}
+        self._next_conn = 0
+        self._inbox_send, self.inbox = trio.open_memory_channel[Delivery](math.inf)
+        self._fetch_slots = trio.Semaphore(config.max_parallel_fetches)
+        self._stop = trio.Event()
+        self._stopped = trio.Event()
+        self._closing = False
+        self._nursery: trio.Nursery
+        self._client: BlobClient
+
+    # ---- the node's API ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.config.clock()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_addr}"
+
+    async def add_blob(self, data: bytes | memoryview) -> str:
+        """Store `data` (hashed and written in a worker thread), serve it, return its hex SHA-256."""
+        name = await trio.to_thread.run_sync(self.store.put, data)
+        self._execute(self.router.blob_stored(name, self.now()))
+        return name
+
+    async def add_blob_file(self, path: str | os.PathLike[str]) -> str:
+        """Copy a file (e.g. a checkpoint shard) into the store without reading it whole; serve it."""
+        name = await trio.to_thread.run_sync(self.store.put_file, path)
+        self._execute(self.router.blob_stored(name, self.now()))
+        return name
+
+    def blob_path(self, name: str) -> Path:
+        """Path of a stored, verified blob (KeyError if absent)."""
+        return self.store.path(name)
+
+    async def publish_update(
+        self,
+        payload: bytes | memoryview,
+        *,
+        base_slot: int,
+        publish_slot: int,
+        tokens: int,
+        inner_steps: int,
+        codec: str,
+        shapes: tuple[tuple[str, tuple[int, ...]], ...],
+    ) -> Signed:
+        """Store the payload blob, sign an UpdateHeader for it (origin, seqno, hash, size filled in
+        here) and push it into the overlay. Returns the signed header (its `message_id` is the
+        update id)."""
+        name = await self.add_blob(payload)
+        body = UpdateHeader(
+            run_id=self.config.run_id,
+            origin=self.peer_id,
+            seqno=self._seqnos.next(self.now()),
+            base_slot=base_slot,
+            publish_slot=publish_slot,
+            tokens=tokens,
+            inner_steps=inner_steps,
+            codec=codec,
+            shapes=shapes,
+            payload_sha256=bytes.fromhex(name),
+            payload_size=len(payload),
+        )
+        return self._publish(body)
+
+    async def publish_manifest(
+        self, slot: int, ledger_digest: bytes, params_digest: bytes, blobs: Sequence[tuple[str, str]]
+    ) -> Signed:
+        """Announce our state at `slot`. `blobs` are (name, hex) of blobs already stored here
+        (`add_blob`); they are listed sorted by name with their sizes."""
+        refs = []
+        for name, h in sorted(blobs):
+            if not self.store.has(h):
+                raise LocalProtocolError(f"manifest blob {name} ({h[:12]}) is not stored")
+            refs.append((name, bytes.fromhex(h), self.store.size(h)))
+        body = StateManifest(
+            self.config.run_id, self.peer_id, self._seqnos.next(self.now()), slot, ledger_digest, params_digest, tuple(refs)
+        )
+        return self._publish(body)
+
+    def _publish(self, body: UpdateHeader | StateManifest | Goodbye) -> Signed:
+        signed = signing.sign(self.identity, body)
+        self._execute(self.router.publish(signed, self.now()))
+        log.info("published %s %s", body.KIND, signed.message_id.hex()[:16])
+        return signed
+
+    async def fetch_blob(self, name: str, size: int, peers: Sequence[str] | None = None) -> Path:
+        """Download blob `name` (e.g. state listed in a manifest) from `peers` (default: every
+        connected peer) in order until one serves the right bytes; it is then served onward.
+        Raises TransportError if nobody could."""
+        if self.store.has(name):
+            return self.store.path(name)
+        candidates = list(peers) if peers is not None else sorted(self.router.peers)
+        for peer in candidates:
+            if await self._fetch_from(peer, name, size):
+                return self.store.path(name)
+        raise TransportError(f"blob {name[:12]}: no peer of {len(candidates)} served it")
+
+    def set_progress(self, slot: int, round_: int, state: str) -> None:
+        """What our heartbeats tell peers (slot, round, a short state word such as "training")."""
+        self.router.set_progress(slot, round_, state)
+
+    def connected_peers(self) -> list[str]:
+        return sorted(self.router.peers)
+
+    def peers(self) -> list[PeerStatus]:
+        now = self.now()
+        out = []
+        for peer, st in sorted(self.router.peers.items()):
+            hb = st.heartbeat
+            out.append(
+                PeerStatus(
+                    peer, st.info.gossip_addr, st.info.http_addr, st.outbound, peer in self.router.mesh,
+                    self.router.scores.score(peer), now - st.since,
+                    hb.slot if hb else None, hb.round if hb else None, hb.state if hb else None,
+                )
+            )
+        return out
+
+    def status(self) -> dict[str, object]:
+        """JSON-ready view for `/status`: addresses, peers, mesh, counters."""
+        return {
+            "peer_id": self.peer_id,
+            "gossip_addr": self.gossip_addr,
+            "http_addr": self.http_addr,
+            "peers": [dataclasses.asdict(p) for p in self.peers()],
+            "mesh": sorted(self.router.mesh),
+            "known_peers": len(self.router.table),
+            "pending_blobs": len(self.router.pending),
+            "counters": self.counters.snapshot(),
+        }
+
+    async def close(self, reason: str = "shutdown") -> None:
+        """Send a signed goodbye to every peer, wait (bounded) for it to be written, stop `run`."""
+        if self._closing:
+            await self._stopped.wait()
+            return
+        self._closing = True
+        goodbye = Goodbye(self.config.run_id, self.peer_id, self._seqnos.next(self.now()), reason[:256])
+        self._publish(goodbye)
+        with trio.move_on_after(self.config.goodbye_flush_s):
+            for conn in list(self._conns.values()):
+                await conn.flush()
+        self._stop.set()
+        await self._stopped.wait()
+
+    def abort(self) -> None:
+        """Stop at once, without a goodbye (what a crash looks like to the peers)."""
+        self._closing = True
+        self._stop.set()
+
+    # ---- running ----------------------------------------------------------------------------------
+
+    async def _serve(self, task_status: trio.TaskStatus[Host]) -> None:
+        cfg = self.config
+        try:
+            async with BlobClient(
+                self.store, self.counters, local_peer=self.peer_id, read_bytes=cfg.blob_read_bytes,
+                timeout=cfg.fetch_timeout_s,
+            ) as client, trio.open_nursery() as nursery:
+                self._client = client
+                self._nursery = nursery
+                listener = await open_listener(cfg.listen_host, cfg.gossip_port)
+                _, http_port = await nursery.start(serve_http, self.http, cfg.listen_host, cfg.http_port)
+                advertise = cfg.advertise_host or cfg.listen_host
+                self.gossip_addr = format_addr(advertise, listener_addr(listener)[1])
+                self.http_addr = format_addr(advertise, http_port)
+                rng = random.Random(cfg.seed if cfg.seed is not None else os.urandom(16))
+                self.router = Router(
+                    cfg.gossip_config, PeerInfo(self.peer_id, self.gossip_addr, self.http_addr), rng=rng,
+                    bootstrap=cfg.bootstrap, accept=cfg.accept,
+                )
+                for name in self.store.names():
+                    self.router.blob_stored(name, self.now())
+                await nursery.start(trio.serve_listeners, self._on_inbound, [listener])
+                nursery.start_soon(self._heartbeats)
+                log.info("%s listening: gossip %s, http %s", self.peer_id, self.gossip_addr, self.http_addr)
+                task_status.started(self)
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._stopped.set()
+            log.info("%s stopped", self.peer_id)
+
+    async def _heartbeats(self) -> None:
+        interval = self.router.config.heartbeat_s
+        while True:
+            now = self.now()
+            self._execute(self.router.heartbeat(now))
+            for conn in list(self._conns.values()):
+                if conn.congested_since is not None and now - conn.congested_since > self.router.config.heartbeat_timeout_s:
+                    conn.close("send queue full for too long (slow peer)")
+            await trio.sleep(interval)
+
+    def _execute(self, actions: list[Action]) -> None:
+        now = self.now()
+        for action in actions:
+            if isinstance(action, Send):
+                self._send(action, now)
+            elif isinstance(action, Fetch):
+                self._nursery.start_soon(self._fetch, action)
+            elif isinstance(action, Deliver):
+                path = self.store.path(action.blob) if action.blob is not None else None
+                self._inbox_send.send_nowait(Delivery(action.message, path, action.source))
+            elif isinstance(action, Disconnect):
+                conn = self._conns.get(action.conn)
+                if conn is not None:
+                    conn.close(action.reason)
+            elif isinstance(action, Dial):
+                if not self._closing:
+                    self._nursery.start_soon(self._dial, action)
+            elif isinstance(action, Reject):
+                self.counters.rejected(action.peer, action.reason)
+                level = logging.DEBUG if action.reason is Reason.DUPLICATE else logging.WARNING
+                log.log(level, "rejected from %s: %s %s", action.peer, action.reason.value, action.detail)
+            else:
+                raise LocalProtocolError(f"unknown action {action!r}")
+
+    def _send(self, action: Send, now: float) -> None:
+        state = self.router.peers.get(action.peer)
+        conn = self._conns.get(state.conn) if state is not None else None
+        if conn is None:
+            return
+        data = conn.encode(action.message)
+        kind = action.message.kind if isinstance(action.message, Signed) else action.message.KIND
+        if conn.enqueue(data, now):
+            self.counters.queued_by_kind[kind] += len(data)
+        else:
+            log.debug("dropped a %s frame to %s: send queue full", kind, action.peer)
+
+    # ---- connections ------------------------------------------------------------------------------
+
+    async def _on_inbound(self, stream: trio.SocketStream) -> None:
+        remote = format_addr(*stream.socket.getpeername()[:2])
+        await self._run_connection(stream, outbound=False, remote=remote)
+
+    async def _dial(self, action: Dial) -> None:
+        self.counters.events["dials"] += 1
+        try:
+            stream = await dial(action.address, self.config.dial_timeout_s)
+        except TransportError as exc:
+            log.debug("dial %s (%s) failed: %s", action.address, action.peer, exc)
+            self._execute(self.router.dial_failed(action.address, self.now()))
+            return
+        await self._run_connection(stream, outbound=True, remote=action.address, dialed=action.address, expected=action.peer)
+
+    async def _run_connection(
+        self, stream: trio.SocketStream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
+    ) -> None:
+        if len(self._conns) >= self.config.max_connections or self._closing:
+            self.counters.events["refused_connections"] += 1
+            await stream.aclose()
+            if dialed is not None:
+                self._execute(self.router.dial_failed(dialed, self.now()))
+            return
+        self._next_conn += 1
+        cfg = self.config
+        conn = Connection(
+            stream, self._next_conn, self.counters, remote=remote, outbound=outbound,
+            max_frame_size=cfg.max_frame_size, queue_frames=cfg.queue_frames, queue_bytes=cfg.queue_bytes,
+        )
+        self._conns[conn.id] = conn
+        hello: Hello | None = None
+        try:
+            with conn.cancel_scope:
+                hello = await self._handshake(conn, expected)
+                if hello is None:
+                    return
+                self._execute(self.router.connected(hello, conn.id, outbound, self.now(), dialed))
+                if conn.cancel_scope.cancel_called:
+                    hello = None  # refused (duplicate, banned, full): not a disconnect of a peer
+                    return
+                self.counters.events["connects"] += 1
+                log.info("connected %s %s %s (conn %d)", hello.peer_id, "to" if outbound else "from", remote, conn.id)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop, conn)
+                    await self._read_loop(conn)
+                    nursery.cancel_scope.cancel()
+        finally:
+            del self._conns[conn.id]
+            await conn.aclose()
+            if hello is not None:
+                self.counters.events["disconnects"] += 1
+                log.info("disconnected %s (conn %d): %s", hello.peer_id, conn.id, conn.close_reason or "closed")
+                self._execute(self.router.disconnected(hello.peer_id, conn.id, self.now()))
+
+    async def _handshake(self, conn: Connection, expected: str | None) -> Hello | None:
+        handshake = Handshake(
+            self.identity, self.router.validator, gossip_addr=self.gossip_addr, http_addr=self.http_addr,
+            challenge=signing.new_challenge(), expected_peer=expected, agent=self.config.agent,
+        )
+        try:
+            with trio.fail_after(self.config.handshake_timeout_s):
+                await conn.send_direct(handshake.hello)
+                while handshake.state is not State.DONE:
+                    frame = await conn.next_frame()
+                    for message in handshake.receive_frame(frame, self.now()):
+                        await conn.send_direct(message)
+        except RemoteProtocolError as exc:
+            # before the Hello, only the remote host is known (not the port: bounded counter keys)
+            who = handshake.peer.peer_id if handshake.peer is not None else conn.remote.rpartition(":")[0]
+            self._execute([Reject(who, exc.reason, f"handshake: {exc.detail}")])
+            conn.close(f"handshake refused: {exc.reason.value}")
+        except (TransportError, trio.TooSlowError) as exc:
+            log.debug("handshake with %s failed: %r", conn.remote, exc)
+            conn.close("handshake failed")
+        else:
+            assert handshake.peer is not None
+            conn.authenticated(handshake.peer.peer_id)
+            return handshake.peer
+        if conn.outbound and conn.remote:
+            self._execute(self.router.dial_failed(conn.remote, self.now()))
+        return None
+
+    async def _read_loop(self, conn: Connection) -> None:
+        while True:
+            try:
+                frame = await conn.next_frame()
+            except TransportError as exc:
+                conn.close_reason = conn.close_reason or str(exc)
+                return
+            except RemoteProtocolError as exc:
+                conn.close_reason = f"stream error: {exc.reason.value}"
+                self._execute(self.router.stream_error(conn.peer, conn.id, exc.reason, self.now()))
+                return
+            self._execute(self.router.received(conn.peer, conn.id, frame, self.now()))
+
+    async def _write_loop(self, conn: Connection) -> None:
+        try:
+            await conn.run_writer()
+        except TransportError as exc:
+            conn.close(str(exc))
+
+    # ---- blobs ------------------------------------------------------------------------------------
+
+    async def _fetch(self, action: Fetch) -> None:
+        async with self._fetch_slots:
+            stored = await self._fetch_from(action.peer, action.blob, action.size)
+        pending = self.router.pending.get(action.blob)
+        if not stored and pending is not None:
+            if pending.fetching == action.peer:  # _fetch_from could not even start (no address)
+                self._execute(self.router.fetch_failed(action.blob, action.peer, None, "peer gone", self.now()))
+
+    async def _fetch_from(self, peer: str, name: str, size: int) -> bool:
+        """One attempt; reports the outcome to the router. True if the blob is now stored."""
+        state = self.router.peers.get(peer)
+        if state is None or not state.info.http_addr:
+            return False
+        try:
+            await self._client.fetch_once(peer, f"http://{state.info.http_addr}", name, size)
+        except RemoteProtocolError as exc:
+            self.counters.blob_fetch_failures += 1
+            self._execute(self.router.fetch_failed(name, peer, exc.reason, exc.detail, self.now()))
+            return False
+        except TransportError as exc:
+            self.counters.blob_fetch_failures += 1
+            log.info("fetch of blob %s from %s failed: %s", name[:12], peer, exc)
+            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now()))
+            return False
+        log.info("fetched blob %s (%d bytes) from %s", name[:12], size, peer)
+        self._execute(self.router.blob_stored(name, self.now(), source=peer))
+        return True
+
+
+async def run(config: HostConfig, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a host until `host.close()` / `host.abort()` or cancellation. `task_status.started(host)`
+    is called once it listens: `host = await nursery.start(run, config)`; the listen addresses are
+    `host.gossip_addr` and `host.http_addr`."""
+    host = Host(config)
+    await host._serve(task_status)
+
+
+__all__ = ["Delivery", "Host", "PeerStatus", "run"]

@@ -1,0 +1,136 @@
+"""A minimal ASGI application with mountable routes, served by hypercorn's trio worker.
+
+The node's HTTP plane: `GET /blobs/<hex>` (see `p2p.blobserve`) plus whatever the node mounts later
+(`/status`, `/metrics`, state snapshots). Handlers are `async def handler(request) -> Response`.
+
+Contract:
+- Routes match on (method, path prefix); the longest matching prefix wins. Unknown paths get 404.
+- A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
+  `more_body`, so large bodies never sit in memory whole).
+- The app answers the ASGI lifespan protocol (hypercorn requires it).
+- `serve_http` is a trio service: `await nursery.start(serve_http, app, host, port)` returns the
+  bound `(host, port)`; cancelling the nursery stops the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from protocol.errors import LocalProtocolError
+
+log = logging.getLogger("p2p.http")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: bytes
+    headers: dict[str, str]
+    client: tuple[str, int] | None
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes | AsyncIterator[bytes] = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    content_length: int | None = None  # required for streamed bodies that announce a length
+
+    @classmethod
+    def text(cls, status: int, text: str, content_type: str = "text/plain; charset=utf-8") -> Response:
+        return cls(status, text.encode(), {"content-type": content_type})
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class HttpApp:
+    """An ASGI app whose routes can be added while it runs."""
+
+    def __init__(self) -> None:
+        self._routes: dict[tuple[str, str], Handler] = {}
+
+    def route(self, method: str, prefix: str, handler: Handler) -> None:
+        """Serve requests `method` whose path starts with `prefix` by `handler` (replaces any)."""
+        if not prefix.startswith("/"):
+            raise LocalProtocolError(f"route prefix must start with '/': {prefix!r}")
+        self._routes[(method.upper(), prefix)] = handler
+
+    def _find(self, method: str, path: str) -> Handler | None:
+        best: tuple[int, Handler] | None = None
+        for (m, prefix), handler in self._routes.items():
+            if m == method and path.startswith(prefix) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), handler)
+        return None if best is None else best[1]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        request = Request(
+            method=scope["method"],
+            path=scope["path"],
+            query=scope.get("query_string", b""),
+            headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]},
+            client=tuple(scope["client"]) if scope.get("client") else None,
+        )
+        handler = self._find(request.method, request.path)
+        response = Response.text(404, "not found\n") if handler is None else await handler(request)
+        await _send_response(send, response)
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _send_response(send: Any, response: Response) -> None:
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+    body = response.body
+    if isinstance(body, bytes | bytearray | memoryview):
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": bytes(body), "more_body": False})
+        return
+    if response.content_length is not None:
+        headers.append((b"content-length", str(response.content_length).encode()))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    async for chunk in body:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _hypercorn_config(host: str, port: int) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.graceful_timeout = 0.5
+    config.keep_alive_timeout = 30.0
+    return config
+
+
+async def serve_http(
+    app: HttpApp, host: str, port: int, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve `app` on `host:port` (port 0 picks one) until cancelled; reports the bound address."""
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(serve, app, _hypercorn_config(host, port))
+        address = bound[0].removeprefix("http://")
+        bound_host, _, bound_port = address.rpartition(":")
+        task_status.started((bound_host.strip("[]"), int(bound_port)))

@@ -1,0 +1,104 @@
+"""Parameters of the gossip router. One frozen dataclass; tests shrink the intervals.
+
+Mesh degrees follow gossipsub's naming: the router keeps between `d_lo` and `d_hi` mesh peers and
+repairs toward `d`; it announces (IHAVE) to `d_lazy` non-mesh peers per heartbeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.errors import LocalProtocolError, Reason
+
+TOPIC = "diloco"
+
+# Penalty subtracted from a peer's score per refused message, by reason. DUPLICATE is normal gossip
+# (several mesh peers forward the same header); PEER_BANNED is counted but the peer is already gone.
+# 200 is "one strike": a peer that breaks the framing or the handshake after proving its key is
+# disconnected and banned at once; -40 offences take three to cross the default threshold of -100.
+DEFAULT_PENALTIES: dict[Reason, float] = {
+    Reason.OVERSIZED: 200.0,
+    Reason.TRUNCATED: 20.0,
+    Reason.MALFORMED: 40.0,
+    Reason.BAD_SCHEMA: 40.0,
+    Reason.UNSUPPORTED_VERSION: 200.0,
+    Reason.WRONG_RUN_ID: 200.0,
+    Reason.DUPLICATE: 0.0,
+    Reason.REPLAYED: 10.0,
+    Reason.BAD_SIGNATURE: 40.0,
+    Reason.BAD_IDENTITY: 40.0,
+    Reason.BAD_HANDSHAKE: 200.0,
+    Reason.PEER_BANNED: 0.0,
+    Reason.BAD_SLOT: 10.0,
+    Reason.TOO_STALE: 0.0,
+    Reason.BAD_CODEC: 40.0,
+    Reason.SHAPE_MISMATCH: 40.0,
+    Reason.NON_FINITE: 40.0,
+    Reason.HASH_MISMATCH: 40.0,
+    Reason.BAD_STATE: 20.0,
+}
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Peer scoring. A score starts at 0, drops by `penalties[reason]` per refused message, rises by
+    `reward` per first delivery of a valid message (at most to `reward_cap`), and decays toward 0 by
+    `decay` per heartbeat. Below `graylist` a peer gets no IHAVE and is not grafted; below
+    `disconnect` it is disconnected and banned for `ban_s`."""
+
+    penalties: dict[Reason, float] = field(default_factory=lambda: dict(DEFAULT_PENALTIES))
+    reward: float = 1.0
+    reward_cap: float = 20.0
+    decay: float = 0.98
+    graylist: float = -20.0
+    disconnect: float = -100.0
+    ban_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay <= 1.0:
+            raise LocalProtocolError("decay must be in (0, 1]")
+        if not self.disconnect < self.graylist <= 0.0:
+            raise LocalProtocolError("need disconnect < graylist <= 0")
+        missing = set(Reason) - set(self.penalties)
+        if missing:
+            raise LocalProtocolError(f"penalties missing for {sorted(r.value for r in missing)}")
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    run_id: str
+    topic: str = TOPIC
+    d: int = 4
+    d_lo: int = 3
+    d_hi: int = 8
+    d_lazy: int = 4
+    d_score: int = 2
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0  # silence longer than this: the peer is considered dead
+    target_peers: int = 8  # dial known peers while fewer are connected
+    max_peers: int = 32  # refuse connections beyond this
+    max_dials_per_heartbeat: int = 4
+    dial_backoff_s: float = 0.5  # first retry delay; doubles per failure, +-50% jitter
+    dial_backoff_max_s: float = 30.0
+    prune_backoff_s: int = 10  # asked of a pruned peer before it grafts again
+    mcache_windows: int = 6  # heartbeats a forwarded message stays answerable to IWANT
+    gossip_windows: int = 3  # heartbeats a message is announced with IHAVE
+    iwant_timeout_s: float = 3.0  # an unanswered IWANT may be asked of another peer after this
+    px_peers: int = 16  # peer infos per PeerExchange
+    px_every: int = 5  # heartbeats between periodic peer exchanges
+    max_ihave_ids: int = 500
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise LocalProtocolError("run_id must be non-empty")
+        if not 0 < self.d_lo <= self.d <= self.d_hi:
+            raise LocalProtocolError("need 0 < d_lo <= d <= d_hi")
+        if not 0 <= self.d_score <= self.d:
+            raise LocalProtocolError("need 0 <= d_score <= d")
+        if self.heartbeat_s <= 0 or self.heartbeat_timeout_s <= self.heartbeat_s:
+            raise LocalProtocolError("need 0 < heartbeat_s < heartbeat_timeout_s")
+        if not 0 < self.gossip_windows <= self.mcache_windows:
+            raise LocalProtocolError("need 0 < gossip_windows <= mcache_windows")
+        if self.max_peers < self.target_peers:
+            raise LocalProtocolError("max_peers must be >= target_peers")

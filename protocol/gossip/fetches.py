@@ -1,0 +1,113 @@
+"""Updates whose blob is not here yet, and who can serve each blob. A small pure class of the router.
+
+Contract:
+- at most one fetch per blob is in flight (`fetching`), so a node downloads each blob once;
+- holders (peers that sent the header, or an IHAVE for it: they hold the blob) are tried in the
+  order heard, and only while connected;
+- a holder that served wrong bytes (`failed(..., bad=True)`) is never asked again for that blob; one
+  that could not be reached is asked again after the next `retry`;
+- an entry nobody could serve for `ttl` seconds is given up at `retry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from protocol.gossip.actions import Fetch
+from protocol.messages import Signed
+
+
+@dataclass
+class PendingBlob:
+    message: Signed
+    blob: str
+    size: int
+    since: float
+    holders: list[str] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # could not be reached: retried later
+    bad: set[str] = field(default_factory=set)  # served wrong bytes: never again
+    fetching: str | None = None
+
+
+class PendingBlobs:
+    def __init__(self) -> None:
+        self._by_blob: dict[str, PendingBlob] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_blob)
+
+    def __contains__(self, blob: str) -> bool:
+        return blob in self._by_blob
+
+    def get(self, blob: str) -> PendingBlob | None:
+        return self._by_blob.get(blob)
+
+    def add(self, message: Signed, blob: str, size: int, now: float) -> PendingBlob:
+        """Start waiting for `blob` (idempotent)."""
+        entry = self._by_blob.get(blob)
+        if entry is None:
+            entry = self._by_blob[blob] = PendingBlob(message, blob, size, now)
+        return entry
+
+    def holder(self, blob: str, peer: str, connected: Collection[str]) -> list[Fetch]:
+        """`peer` can serve `blob`; returns the Fetch to start, if one should start now."""
+        entry = self._by_blob.get(blob)
+        if entry is None:
+            return []
+        if peer not in entry.holders and peer not in entry.bad:
+            entry.holders.append(peer)
+        return self._next(entry, connected)
+
+    def holder_of_message(self, message_id: bytes, peer: str, connected: Collection[str]) -> list[Fetch]:
+        for entry in self._by_blob.values():
+            if entry.message.message_id == message_id:
+                return self.holder(entry.blob, peer, connected)
+        return []
+
+    def failed(self, blob: str, peer: str, bad: bool, connected: Collection[str]) -> list[Fetch]:
+        """The fetch of `blob` from `peer` failed; returns the next Fetch, if any holder is left.
+        A late report about a fetch that is no longer the current one is ignored."""
+        entry = self._by_blob.get(blob)
+        if entry is None or entry.fetching not in (peer, None):
+            return []
+        entry.fetching = None
+        if bad:
+            entry.bad.add(peer)
+            if peer in entry.holders:
+                entry.holders.remove(peer)
+        else:
+            entry.tried.add(peer)
+        return self._next(entry, connected)
+
+    def done(self, blob: str) -> PendingBlob | None:
+        """The blob is stored: stop waiting and return what was waiting for it."""
+        return self._by_blob.pop(blob, None)
+
+    def drop_peer(self, peer: str) -> None:
+        """`peer` disconnected: it can no longer serve anything (a running fetch will fail)."""
+        for entry in self._by_blob.values():
+            if entry.fetching == peer:
+                entry.fetching = None
+            if peer in entry.holders:
+                entry.holders.remove(peer)
+
+    def retry(self, now: float, ttl: float, connected: Collection[str]) -> list[Fetch]:
+        """Once per heartbeat: unreachable holders get another chance; hopeless entries go."""
+        out: list[Fetch] = []
+        for blob, entry in list(self._by_blob.items()):
+            if entry.fetching is None and entry.since < now - ttl:
+                del self._by_blob[blob]
+                continue
+            entry.tried.clear()
+            out += self._next(entry, connected)
+        return out
+
+    def _next(self, entry: PendingBlob, connected: Collection[str]) -> list[Fetch]:
+        if entry.fetching is not None:
+            return []
+        for holder in entry.holders:
+            if holder not in entry.tried and holder in connected:
+                entry.fetching = holder
+                return [Fetch(holder, entry.blob, entry.size)]
+        return []

@@ -1,0 +1,94 @@
+"""The connection handshake as a sans-IO state machine: each side proves it holds its key.
+
+Both sides send their `Hello` (fresh 32-byte challenge) at once, then answer the other's Hello with
+a `HelloProof` signing the transcript (`protocol.signing.hello_transcript`): both peer ids, both
+challenges, the signer's addresses. Run id and version are checked on the Hello, before answering.
+
+    state         frame received   action                                   next
+    AWAIT_HELLO   Hello            check_hello, send our HelloProof          AWAIT_PROOF
+    AWAIT_PROOF   HelloProof       verify_hello_proof                        DONE
+    any           anything else    RemoteProtocolError(BAD_HANDSHAKE)        FAILED
+    FAILED/DONE   anything         LocalProtocolError (caller bug)
+
+Any RemoteProtocolError moves to FAILED: the caller counts the reason and closes the connection.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from protocol import signing
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.identity import Identity
+from protocol.messages import PROTOCOL_VERSION, Hello, HelloProof, Message, PeerInfo
+from protocol.validation import Validator
+
+
+class State(enum.Enum):
+    AWAIT_HELLO = "await_hello"
+    AWAIT_PROOF = "await_proof"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Handshake:
+    """One connection's handshake. Send `self.hello` first, then feed each received frame body to
+    `receive_frame` and send what it returns, until `state is State.DONE` (then `self.peer` is the
+    peer's authenticated Hello). `expected_peer` (when dialling a known peer id) must match."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        validator: Validator,
+        *,
+        gossip_addr: str,
+        http_addr: str,
+        challenge: bytes,
+        expected_peer: str | None = None,
+        agent: str = "diloco",
+    ) -> None:
+        self.identity = identity
+        self.validator = validator
+        self.expected_peer = expected_peer
+        self.hello = Hello(
+            run_id=validator.run_id,
+            version=PROTOCOL_VERSION,
+            peer_id=identity.peer_id,
+            gossip_addr=gossip_addr,
+            http_addr=http_addr,
+            challenge=challenge,
+            agent=agent,
+        )
+        self.state = State.AWAIT_HELLO
+        self.peer: Hello | None = None
+
+    @property
+    def peer_info(self) -> PeerInfo:
+        if self.state is not State.DONE or self.peer is None:
+            raise LocalProtocolError("handshake not complete")
+        return PeerInfo(self.peer.peer_id, self.peer.gossip_addr, self.peer.http_addr)
+
+    def receive_frame(self, data: bytes, now: float) -> list[Message]:
+        """Advance on one frame body; returns the messages to send. Raises RemoteProtocolError."""
+        if self.state in (State.DONE, State.FAILED):
+            raise LocalProtocolError(f"handshake is {self.state.value}")
+        try:
+            return self._advance(self.validator.validate(data, now))
+        except RemoteProtocolError:
+            self.state = State.FAILED
+            raise
+
+    def _advance(self, message: object) -> list[Message]:
+        if self.state is State.AWAIT_HELLO and type(message) is Hello:
+            signing.check_hello(message, self.hello)
+            if self.expected_peer is not None and message.peer_id != self.expected_peer:
+                raise RemoteProtocolError(Reason.BAD_IDENTITY, f"expected {self.expected_peer}, got {message.peer_id}")
+            self.peer = message
+            self.state = State.AWAIT_PROOF
+            return [signing.make_hello_proof(self.identity, self.hello, message)]
+        if self.state is State.AWAIT_PROOF and type(message) is HelloProof:
+            assert self.peer is not None
+            signing.verify_hello_proof(message, self.hello, self.peer)
+            self.state = State.DONE
+            return []
+        raise RemoteProtocolError(Reason.BAD_HANDSHAKE, f"{type(message).__name__} during {self.state.value}")

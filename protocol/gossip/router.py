@@ -1,0 +1,492 @@
+"""The gossip router: one sans-IO state machine per node. Events in, actions out ("decide, then do").
+
+Events (methods; `now` is Unix time in seconds, never read from a clock here):
+
+    connected(hello, conn, outbound, now, dialed)   a handshake completed on connection `conn`
+    disconnected(peer, conn, now)                   that connection closed (stale conns ignored)
+    dial_failed(address, now)                       a Dial action could not connect/handshake
+    received(peer, conn, frame_body, now)           one frame from a connected peer
+    stream_error(peer, conn, reason, now)           the byte stream broke (oversized, truncated)
+    heartbeat(now)                                  every `heartbeat_s`
+    publish(signed, now)                            a local message (its blob already stored)
+    blob_stored(blob, now) / fetch_failed(...)      outcome of a Fetch, or a blob added locally
+
+Rules (the whole state of the overlay lives here):
+
+    state               changed by                       rule
+    peers (connected)   connected / disconnected / hb    one connection per peer: a simultaneous dial
+                                                          keeps the one dialled by the smaller peer id;
+                                                          a newer connection from the same side (a
+                                                          restart) or replacing a silent one wins;
+                                                          banned peers and peers over max_peers refused;
+                                                          silent > heartbeat_timeout_s: disconnected
+    mesh                heartbeat, Graft, Prune           plan_mesh keeps d_lo..d_hi, never score < 0
+    pending fetches     header whose blob is not here    one Fetch at a time per blob; next holder
+                                                          on failure; holders = peers that sent the
+                                                          header or an IHAVE for it (they hold it)
+    mcache              a message is held (blob stored)  pushed to mesh peers that lack it; IHAVE'd to
+                                                          d_lazy others for gossip_windows heartbeats;
+                                                          a manifest is delivered at once but held
+                                                          (forwarded) only once all its blobs are here
+    scores / bans       every Reject                     below disconnect: Disconnect + ban; a refused
+                                                          control frame also disconnects (PROTOCOL.md 9)
+    dials               heartbeat, PX, dial_failed       while < target_peers: known peers, then
+                                                          bootstrap addresses; backoff with jitter
+
+Seen-cache, replay window and every message check are `protocol.validation.Validator`'s.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from protocol import wire
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.gossip.actions import Action, Deliver, Dial, Disconnect, Reject, Send
+from protocol.gossip.backoff import DialSchedule
+from protocol.gossip.config import GossipConfig
+from protocol.gossip.fetches import PendingBlobs
+from protocol.gossip.mcache import MessageCache
+from protocol.gossip.mesh import gossip_targets, plan_mesh
+from protocol.gossip.peers import PeerTable
+from protocol.gossip.score import PeerScores
+from protocol.messages import (
+    Goodbye,
+    Graft,
+    Heartbeat,
+    Hello,
+    IHave,
+    IWant,
+    PeerExchange,
+    PeerInfo,
+    Prune,
+    Signed,
+    StateManifest,
+    UpdateHeader,
+)
+from protocol.validation import Validator
+
+AcceptHook = Callable[[Signed], None]  # raises RemoteProtocolError to refuse a message
+MAX_WAITING_MANIFESTS = 64
+
+
+@dataclass
+class PeerState:
+    info: PeerInfo
+    conn: int
+    outbound: bool
+    since: float
+    last_recv: float
+    graft_after: float = 0.0  # they pruned us: no Graft to them before this
+    sent_heartbeats: int = 0
+    heartbeat: Heartbeat | None = None  # their latest
+
+
+class Router:
+    def __init__(
+        self,
+        config: GossipConfig,
+        local: PeerInfo,
+        *,
+        rng: random.Random,
+        validator: Validator | None = None,
+        bootstrap: Sequence[str] = (),
+        accept: AcceptHook | None = None,
+    ) -> None:
+        self.config = config
+        self.local = local
+        self.rng = rng
+        self.validator = validator if validator is not None else Validator(config.run_id)
+        if self.validator.run_id != config.run_id:
+            raise LocalProtocolError("validator and config disagree on the run id")
+        self.bootstrap = [a for a in bootstrap if a != local.gossip_addr]
+        self.accept = accept
+        self.peers: dict[str, PeerState] = {}
+        self.mesh: set[str] = set()
+        self.table = PeerTable(local.peer_id)
+        self.scores = PeerScores(config.score)
+        self.mcache = MessageCache(config.mcache_windows, config.gossip_windows)
+        self.dials = DialSchedule(config.dial_backoff_s, config.dial_backoff_max_s, rng)
+        self.local_blobs: set[str] = set()
+        self.pending = PendingBlobs()
+        self._dialing: dict[str, str | None] = {}  # address -> expected peer, while a Dial is outstanding
+        self._bootstrap_peer: dict[str, str] = {}  # bootstrap address -> the peer found there
+        self._iwant_asked: dict[bytes, float] = {}
+        self._announcers: dict[bytes, list[str]] = {}  # IHAVEs for ids asked but not yet received
+        self._waiting_manifests: dict[bytes, tuple[Signed, str]] = {}  # delivered, blobs not all here
+        self._heartbeats = 0
+        self.progress = (0, 0, "")  # slot, round, state: sent in our heartbeats
+
+    # ---- connections ------------------------------------------------------------------------------
+
+    def connected(self, hello: Hello, conn: int, outbound: bool, now: float, dialed: str | None = None) -> list[Action]:
+        """A handshake completed. Returns actions; a Disconnect for `conn` means it was refused."""
+        peer = hello.peer_id
+        info = PeerInfo(peer, hello.gossip_addr, hello.http_addr)
+        if dialed is not None:
+            self._dialing.pop(dialed, None)
+            if dialed in self.bootstrap:
+                self._bootstrap_peer[dialed] = peer
+            self.dials.succeeded(dialed)
+        if self.scores.banned(peer, now):
+            return [Reject(peer, Reason.PEER_BANNED, "banned"), Disconnect(peer, conn, "banned")]
+        out: list[Action] = []
+        old = self.peers.get(peer)
+        if old is not None:
+            if not self._new_wins(old, outbound, now):
+                return [Disconnect(peer, conn, "duplicate connection")]
+            out.append(Disconnect(peer, old.conn, "replaced by a newer connection"))
+            self._drop(peer)
+        elif len(self.peers) >= self.config.max_peers:
+            return [Disconnect(peer, conn, "too many peers")]
+        self.peers[peer] = PeerState(info, conn, outbound, now, now)
+        self.table.connected(info, now)
+        self.dials.succeeded(peer)
+        exclude = {peer, self.local.peer_id}
+        out.append(Send(peer, PeerExchange(self.config.run_id, self.table.sample(self.config.px_peers, self.rng, exclude))))
+        if len(self.mesh) < self.config.d_lo and not self.scores.graylisted(peer):
+            self.mesh.add(peer)
+            out.append(Send(peer, Graft(self.config.run_id, self.config.topic)))
+        ids = [i for i in self.mcache.gossip_ids()][: self.config.max_ihave_ids]
+        if ids:  # a (re)joining peer learns what it missed
+            out.append(Send(peer, IHave(self.config.run_id, self.config.topic, tuple(ids))))
+        return out
+
+    def _new_wins(self, old: PeerState, outbound: bool, now: float) -> bool:
+        if old.outbound == outbound or old.last_recv < now - 2 * self.config.heartbeat_s:
+            return True  # the peer restarted and came back, or the old connection went quiet
+        dialer_new = self.local.peer_id if outbound else old.info.peer_id
+        dialer_old = self.local.peer_id if old.outbound else old.info.peer_id
+        return dialer_new < dialer_old
+
+    def disconnected(self, peer: str, conn: int, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is None or state.conn != conn:
+            return []  # already dropped (replaced, timed out, refused)
+        self._drop(peer)
+        self.dials.failed(peer, now)  # do not redial a peer that just went away at once
+        return []
+
+    def dial_failed(self, address: str, now: float) -> list[Action]:
+        self._dialing.pop(address, None)
+        self.dials.failed(address, now)
+        return []
+
+    def _drop(self, peer: str) -> None:
+        self.peers.pop(peer, None)
+        self.mesh.discard(peer)
+        self.mcache.forget_peer(peer)
+        self.pending.drop_peer(peer)  # a running fetch from it will fail; that late report is ignored
+
+    # ---- frames -----------------------------------------------------------------------------------
+
+    def received(self, peer: str, conn: int, data: bytes, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is None or state.conn != conn:
+            return []
+        state.last_recv = now
+        try:
+            message = self.validator.validate(data, now)
+            if isinstance(message, Signed) and self.accept is not None:
+                self.accept(message)
+        except RemoteProtocolError as exc:
+            if exc.reason is Reason.DUPLICATE:
+                return [Reject(peer, exc.reason, ""), *self._on_duplicate(peer, wire.decode(data), now)]
+            out = self._refuse(peer, exc.reason, exc.detail, now)
+            if peer in self.peers and not _is_signed(data):
+                # PROTOCOL.md section 9: a broken control message means a broken or hostile peer
+                self._drop(peer)
+                out.append(Disconnect(peer, conn, f"bad control message: {exc.reason.value}"))
+            return out
+        handler = _HANDLERS.get(type(message))
+        if handler is None:  # Hello / HelloProof after the handshake
+            return self._refuse(peer, Reason.BAD_HANDSHAKE, f"{type(message).__name__} after the handshake", now)
+        return handler(self, peer, message, now)
+
+    def stream_error(self, peer: str, conn: int, reason: Reason, now: float) -> list[Action]:
+        """The connection's byte stream is unusable (framing error): penalize and close it."""
+        state = self.peers.get(peer)
+        out = self._refuse(peer, reason, "stream error", now)
+        if state is not None and state.conn == conn and peer in self.peers:
+            self._drop(peer)
+            out.append(Disconnect(peer, conn, f"stream error: {reason.value}"))
+        return out
+
+    def _refuse(self, peer: str, reason: Reason, detail: str, now: float) -> list[Action]:
+        out: list[Action] = [Reject(peer, reason, detail)]
+        if self.scores.penalize(peer, reason):
+            self.scores.ban(peer, now)
+            state = self.peers.get(peer)
+            if state is not None:
+                self._drop(peer)
+                out.append(Disconnect(peer, state.conn, f"score {self.scores.score(peer):.0f}: banned"))
+        return out
+
+    def _on_duplicate(self, peer: str, message: object, now: float) -> list[Action]:
+        assert isinstance(message, Signed)
+        entry = self.mcache.get(message.message_id)
+        if entry is not None:
+            entry.known_by.add(peer)
+        if isinstance(message.body, UpdateHeader):
+            return list(self.pending.holder(message.body.payload_sha256.hex(), peer, self.peers))
+        return []
+
+    def _on_signed(self, peer: str, message: Signed, now: float) -> list[Action]:
+        self.scores.reward(peer)
+        body = message.body
+        if isinstance(body, UpdateHeader):
+            blob = body.payload_sha256.hex()
+            if blob in self.local_blobs:
+                return self._hold(message, blob, peer, {peer})
+            self.pending.add(message, blob, body.payload_size, now)
+            out: list[Action] = []
+            for holder in [peer, *self._announcers.pop(message.message_id, [])]:
+                out += self.pending.holder(blob, holder, self.peers)
+            return out
+        if isinstance(body, Goodbye):
+            self.table.left(body.origin)
+            out = self._hold(message, None, peer, {peer}, flood=True)
+            state = self.peers.get(body.origin)
+            if state is not None:
+                self._drop(body.origin)
+                out.append(Disconnect(body.origin, state.conn, "goodbye"))
+            return out
+        return self._on_manifest(peer, message)
+
+    def _on_manifest(self, peer: str, message: Signed) -> list[Action]:
+        """Deliver a manifest at once (a joiner fetches its blobs from the sender or the origin), but
+        forward and announce it only while holding every blob it lists (PROTOCOL.md section 10)."""
+        if self._holds_manifest_blobs(message):
+            return self._hold(message, None, peer, {peer})
+        self._waiting_manifests[message.message_id] = (message, peer)
+        while len(self._waiting_manifests) > MAX_WAITING_MANIFESTS:
+            self._waiting_manifests.pop(next(iter(self._waiting_manifests)))
+        return [Deliver(message, None, peer)]
+
+    def _holds_manifest_blobs(self, message: Signed) -> bool:
+        return all(digest.hex() in self.local_blobs for _, digest, _ in message.body.blobs)
+
+    def _hold(
+        self, message: Signed, blob: str | None, source: str, known_by: set[str], *, flood: bool = False,
+        deliver: bool = True,
+    ) -> list[Action]:
+        """We hold `message` (and its blobs): deliver it, cache it, push it to mesh peers lacking it."""
+        entry = self.mcache.put(message, known_by)
+        local = source == self.local.peer_id
+        out: list[Action] = [Deliver(message, blob, source)] if deliver and not local else []
+        targets = self.peers if flood or not self.mesh else self.mesh
+        for p in sorted(targets):
+            if p not in entry.known_by:
+                entry.known_by.add(p)
+                out.append(Send(p, message))
+        return out
+
+    def _on_heartbeat(self, peer: str, message: Heartbeat, now: float) -> list[Action]:
+        self.peers[peer].heartbeat = message
+        return []
+
+    def _on_peer_exchange(self, peer: str, message: PeerExchange, now: float) -> list[Action]:
+        for info in message.peers:
+            self.table.learn(info, now)
+        return self._plan_dials(now)
+
+    def _on_graft(self, peer: str, message: Graft, now: float) -> list[Action]:
+        if message.topic == self.config.topic and not self.scores.graylisted(peer) and len(self.mesh) < self.config.d_hi:
+            self.mesh.add(peer)
+            return []
+        self.mesh.discard(peer)
+        return [Send(peer, self._prune_message(peer))]
+
+    def _on_prune(self, peer: str, message: Prune, now: float) -> list[Action]:
+        self.mesh.discard(peer)
+        self.peers[peer].graft_after = now + message.backoff_s
+        for info in message.peers:
+            self.table.learn(info, now)
+        return self._plan_dials(now)
+
+    def _on_ihave(self, peer: str, message: IHave, now: float) -> list[Action]:
+        if self.scores.graylisted(peer) or message.topic != self.config.topic:
+            return []
+        out: list[Action] = []
+        wanted: list[bytes] = []
+        for message_id in message.ids:
+            entry = self.mcache.get(message_id)
+            if entry is not None:
+                entry.known_by.add(peer)
+            elif self.validator.seen.contains(message_id, now):
+                out += self.pending.holder_of_message(message_id, peer, self.peers)
+            elif self._iwant_asked.get(message_id, -1e18) < now - self.config.iwant_timeout_s:
+                self._iwant_asked[message_id] = now
+                self._announcers[message_id] = [peer]
+                wanted.append(message_id)
+            elif peer not in self._announcers.setdefault(message_id, []):
+                self._announcers[message_id].append(peer)  # asked elsewhere: remember a second holder
+        if wanted:
+            out.append(Send(peer, IWant(self.config.run_id, tuple(wanted[: self.config.max_ihave_ids]))))
+        return out
+
+    def _on_iwant(self, peer: str, message: IWant, now: float) -> list[Action]:
+        out: list[Action] = []
+        for message_id in message.ids[: self.config.max_ihave_ids]:
+            entry = self.mcache.get(message_id)
+            if entry is not None:
+                entry.known_by.add(peer)
+                out.append(Send(peer, entry.message))
+        return out
+
+    def _prune_message(self, peer: str) -> Prune:
+        px = self.table.sample(self.config.px_peers, self.rng, {peer, self.local.peer_id})
+        return Prune(self.config.run_id, self.config.topic, self.config.prune_backoff_s, px)
+
+    # ---- blobs ------------------------------------------------------------------------------------
+
+    def blob_stored(self, blob: str, now: float, source: str | None = None) -> list[Action]:
+        """`blob` is now in the local store (fetched from `source`, or added locally)."""
+        self.local_blobs.add(blob)
+        out: list[Action] = []
+        for message_id, (manifest, sender) in list(self._waiting_manifests.items()):
+            if self._holds_manifest_blobs(manifest):  # now we can serve it: forward it on
+                del self._waiting_manifests[message_id]
+                out += self._hold(manifest, None, sender, {sender}, deliver=False)
+        pending = self.pending.done(blob)
+        if pending is None:
+            return out
+        origin = source if source is not None else pending.holders[0] if pending.holders else self.local.peer_id
+        return out + self._hold(pending.message, blob, origin, set(pending.holders))
+
+    def fetch_failed(self, blob: str, peer: str, reason: Reason | None, detail: str, now: float) -> list[Action]:
+        """A Fetch from `peer` failed: `reason` if it sent wrong bytes (penalized), None if it could
+        not be reached. The next holder is tried; when none is left the blob waits for new holders
+        (headers or IHAVEs), and unreachable holders are retried on the next heartbeat."""
+        out = self._refuse(peer, reason, detail, now) if reason is not None else []
+        return out + self.pending.failed(blob, peer, reason is not None, self.peers)
+
+    def forget_blob(self, blob: str) -> None:
+        """The application removed `blob` from the store."""
+        self.local_blobs.discard(blob)
+
+    # ---- local ------------------------------------------------------------------------------------
+
+    def publish(self, message: Signed, now: float) -> list[Action]:
+        """Send our own signed message. An update's blob must be stored first (`blob_stored`)."""
+        if message.origin != self.local.peer_id:
+            raise LocalProtocolError("publish only messages this node signed")
+        blob = None
+        if isinstance(message.body, UpdateHeader):
+            blob = message.body.payload_sha256.hex()
+            if blob not in self.local_blobs:
+                raise LocalProtocolError(f"store blob {blob[:12]} before publishing its header")
+        if isinstance(message.body, StateManifest) and not self._holds_manifest_blobs(message):
+            raise LocalProtocolError("store every blob of a manifest before publishing it")
+        self.validator.mark_seen(message, now)
+        return self._hold(message, blob, self.local.peer_id, set(), flood=isinstance(message.body, Goodbye))
+
+    # ---- heartbeat --------------------------------------------------------------------------------
+
+    def heartbeat(self, now: float) -> list[Action]:
+        cfg = self.config
+        self._heartbeats += 1
+        out: list[Action] = []
+        for peer, state in sorted(self.peers.items()):
+            if state.last_recv < now - cfg.heartbeat_timeout_s:
+                self._drop(peer)
+                self.dials.failed(peer, now)
+                out.append(Disconnect(peer, state.conn, f"silent for {now - state.last_recv:.1f} s"))
+        self.scores.decay(set(self.peers))
+        plan = plan_mesh(
+            self.mesh,
+            self.peers,
+            self.scores.score,
+            lambda p: self.peers[p].graft_after <= now and not self.scores.graylisted(p),
+            d=cfg.d,
+            d_lo=cfg.d_lo,
+            d_hi=cfg.d_hi,
+            d_score=cfg.d_score,
+            rng=self.rng,
+        )
+        for peer in plan.prune:
+            self.mesh.discard(peer)
+            out.append(Send(peer, self._prune_message(peer)))
+        for peer in plan.graft:
+            self.mesh.add(peer)
+            out.append(Send(peer, Graft(cfg.run_id, cfg.topic)))
+        out += self._gossip()
+        slot, round_, status = self.progress
+        for peer, state in sorted(self.peers.items()):
+            state.sent_heartbeats += 1
+            out.append(Send(peer, Heartbeat(cfg.run_id, slot, round_, status, state.sent_heartbeats)))
+        if self._heartbeats % cfg.px_every == 0:
+            for peer in gossip_targets(self.peers, (), lambda p: True, cfg.d_lazy, self.rng):
+                px = self.table.sample(cfg.px_peers, self.rng, {peer, self.local.peer_id})
+                out.append(Send(peer, PeerExchange(cfg.run_id, px)))
+        self.mcache.shift()
+        self._iwant_asked = {i: t for i, t in self._iwant_asked.items() if t >= now - cfg.iwant_timeout_s}
+        self._announcers = {i: a for i, a in self._announcers.items() if i in self._iwant_asked}
+        out += self.pending.retry(now, self.validator.seen.ttl_s, self.peers)
+        return out + self._plan_dials(now)
+
+    def _gossip(self) -> list[Action]:
+        ids = self.mcache.gossip_ids()
+        if not ids:
+            return []
+        out: list[Action] = []
+        eligible = lambda p: not self.scores.graylisted(p)  # noqa: E731
+        for peer in gossip_targets(self.peers, self.mesh, eligible, self.config.d_lazy, self.rng):
+            unknown = [i for i in ids if peer not in self.mcache.get(i).known_by][: self.config.max_ihave_ids]
+            if unknown:
+                out.append(Send(peer, IHave(self.config.run_id, self.config.topic, tuple(unknown))))
+        return out
+
+    def _plan_dials(self, now: float) -> list[Action]:
+        cfg = self.config
+        budget = min(cfg.max_dials_per_heartbeat, cfg.target_peers - len(self.peers) - len(self._dialing))
+        out: list[Action] = []
+        if budget <= 0:
+            return out
+        exclude = set(self.peers) | {p for p in self._dialing.values() if p is not None}
+        for info in self.table.dial_candidates(exclude):
+            if len(out) >= budget:
+                break
+            address = info.gossip_addr
+            if address in self._dialing or self.scores.banned(info.peer_id, now):
+                continue
+            if self.dials.ready(info.peer_id, now) and self.dials.ready(address, now):
+                self._dialing[address] = info.peer_id
+                out.append(Dial(address, info.peer_id))
+        for address in self.bootstrap:
+            if len(out) >= budget:
+                break
+            known = self._bootstrap_peer.get(address)
+            if address in self._dialing or (known is not None and known in self.peers):
+                continue
+            if self.dials.ready(address, now):
+                self._dialing[address] = None
+                out.append(Dial(address, None))
+        return out
+
+    def set_progress(self, slot: int, round_: int, state: str) -> None:
+        """What our heartbeats tell peers about this node (slot, round, a short state word)."""
+        self.progress = (slot, round_, state)
+
+
+def _is_signed(data: bytes) -> bool:
+    """Did a refused frame carry a signed (gossiped) message? Undecodable frames did not."""
+    try:
+        return isinstance(wire.decode(data), Signed)
+    except RemoteProtocolError:
+        return False
+
+
+_HANDLERS: dict[type, Callable[[Router, str, object, float], list[Action]]] = {
+    Signed: Router._on_signed,
+    Heartbeat: Router._on_heartbeat,
+    PeerExchange: Router._on_peer_exchange,
+    Graft: Router._on_graft,
+    Prune: Router._on_prune,
+    IHave: Router._on_ihave,
+    IWant: Router._on_iwant,
+}
+
+__all__ = ["AcceptHook", "PeerState", "Router"]

@@ -1,0 +1,94 @@
+"""Tier (b): the host's API beyond plain updates: reconnect with backoff, state manifests and blob
+downloads for joiners, status and metrics, extra HTTP routes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from p2p_helpers import host_config, start, wait_for
+
+from p2p.errors import TransportError
+from p2p.http import Request, Response
+from protocol.errors import LocalProtocolError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_dialling_a_bootstrap_that_is_not_up_yet_backs_off_then_connects(tmp_path: Path) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            joiner = await start(nursery, host_config(tmp_path, "joiner", bootstrap=(address,)))
+            await wait_for(lambda: joiner.router.dials.failures(address) >= 3, what="failed dials")
+            dials = joiner.counters.events["dials"]
+            assert dials < 40, "retries back off instead of spinning every heartbeat"
+            boot = await start(nursery, host_config(tmp_path, "boot", gossip_port=port))
+            await wait_for(lambda: boot.peer_id in joiner.connected_peers(), what="the connection")
+            assert joiner.router.dials.failures(address) == 0  # reset by the success
+            await joiner.close()
+            await boot.close()
+
+
+async def test_a_joiner_fetches_the_state_named_in_a_manifest(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            old = await start(nursery, host_config(tmp_path, "old"))
+            params, momentum = os.urandom(200_000), os.urandom(100_000)
+            names = {"params": await old.add_blob(params), "momentum": await old.add_blob(momentum)}
+            with pytest.raises(LocalProtocolError):
+                await old.publish_manifest(3, bytes(32), bytes(32), [("x", "ab" * 32)])
+            joiner = await start(nursery, host_config(tmp_path, "joiner", bootstrap=(old.gossip_addr,)))
+            await wait_for(lambda: old.peer_id in joiner.connected_peers(), what="the connection")
+            signed = await old.publish_manifest(3, b"L" * 32, b"P" * 32, sorted(names.items()))
+            with trio.fail_after(5):
+                delivery = await joiner.inbox.receive()
+            assert delivery.message.message_id == signed.message_id and delivery.blob is None
+            manifest = delivery.body
+            assert [name for name, _, _ in manifest.blobs] == ["momentum", "params"]
+            for name, digest, size in manifest.blobs:
+                path = await joiner.fetch_blob(digest.hex(), size, [manifest.origin])
+                assert path.read_bytes() == (params if name == "params" else momentum)
+            assert joiner.counters.blob_downloads == 2
+            with pytest.raises(TransportError):
+                await joiner.fetch_blob("cd" * 32, 10)  # nobody has it
+            await joiner.close()
+            await old.close()
+
+
+async def test_status_metrics_and_extra_routes(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, host_config(tmp_path, "a"))
+            b = await start(nursery, host_config(tmp_path, "b", bootstrap=(a.gossip_addr,)))
+            await wait_for(lambda: a.peer_id in b.connected_peers(), what="the connection")
+            b.set_progress(7, 2, "training")
+            await wait_for(lambda: any(p.slot == 7 and p.state == "training" for p in a.peers()), what="heartbeats")
+
+            async def status(request: Request) -> Response:
+                return Response(200, json.dumps(a.status()).encode(), {"content-type": "application/json"})
+
+            async def metrics(request: Request) -> Response:
+                return Response.text(200, a.counters.prometheus())
+
+            a.http.route("GET", "/status", status)
+            a.http.route("GET", "/metrics", metrics)
+            async with httpx.AsyncClient() as client:
+                got = (await client.get(f"{a.http_url}/status")).json()
+                assert got["peer_id"] == a.peer_id and got["peers"][0]["peer_id"] == b.peer_id
+                assert got["counters"]["totals"]["control"]["recv_bytes"] > 0
+                text = (await client.get(f"{a.http_url}/metrics")).text
+                assert f'diloco_p2p_recv_bytes_total{{peer="{b.peer_id}",kind="control"}}' in text
+                assert 'diloco_p2p_rejections_total{reason="bad_signature"} 0' in text
+            await b.close()
+            await a.close()
