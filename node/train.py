@@ -1,0 +1,337 @@
+"""The inner loop: local AdamW steps on one island, data-parallel over its devices.
+
+`InnerLoop` is what the node drives, one round at a time:
+
+    loop = InnerLoop(config.model, config.inner, dataset.batcher())
+    loop.set_params(global_flat)             # start of a round: global params in, AdamW state kept
+    result = loop.run(500, should_stop=...)  # blocks; run it in a worker thread
+    delta = {k: global_flat[k] - result.params[k] for k in global_flat}
+
+`train_step` is pure and jitted once per loop, with parameter and optimizer buffers donated. The batch is
+sharded over a one-axis `jax.sharding.Mesh` ("data") of the island's devices and the parameters and
+optimizer state are replicated, so XLA inserts the gradient all-reduce. The learning-rate schedule is
+driven by the optimizer's own step count, i.e. the global inner step across rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from node.config import Config, ConfigError, InnerConfig, ModelConfig, preset
+from node.data import DataError, Dataset
+from node.evaluate import bits_per_byte, next_token_loss, summed_loss
+from node.model import check_flat, init_params, make_apply, param_count
+from protocol.errors import LocalProtocolError
+
+__all__ = ["BatchSource", "InnerLoop", "RoundResult", "lr_schedule", "make_optimizer", "main"]
+
+
+class BatchSource(Protocol):
+    """Where `InnerLoop` takes its batches: `next_batch()` gives int32 `[batch_size, seq_len + 1]`;
+    `position` counts batches drawn and `seek(position)` resumes (see `node.data.Batcher`)."""
+
+    batch_size: int
+    seq_len: int
+    position: int
+
+    def next_batch(self) -> np.ndarray: ...
+
+    def seek(self, position: int) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """What one `InnerLoop.run` did. `params` are the local params at the end (float32 copies)."""
+
+    params: dict[str, np.ndarray]
+    tokens: int  # predicted tokens processed: steps * batch_size * seq_len
+    mean_loss: float  # mean training loss over the round's steps (nats); nan if no step ran
+    steps: int
+    seconds: float
+    losses: tuple[float, ...]  # per-step training losses
+    step: int  # global inner step after the round
+
+
+def lr_schedule(cfg: InnerConfig) -> optax.Schedule:
+    """Linear warmup from 0 to `lr` over `warmup_steps`, cosine decay to `min_lr_ratio * lr` at
+    `total_steps`, then constant."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=cfg.total_steps,
+        end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on the schedule; weight decay on matrices only."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.clip_norm),
+        optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                     mask=lambda params: {k: v.ndim >= 2 for k, v in params.items()}),
+    )
+
+
+def _key_name(entry: Any) -> str:
+    tu = jax.tree_util
+    if isinstance(entry, (tu.DictKey, tu.FlattenedIndexKey)):
+        return str(entry.key)
+    if isinstance(entry, tu.SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, tu.GetAttrKey):
+        return entry.name
+    raise TypeError(f"unexpected pytree key {entry!r}")
+
+
+def _tree_names(tree: Any) -> tuple[list[str], list[Any], Any]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    names = ["/".join(_key_name(e) for e in path) for path, _ in leaves]
+    return names, [leaf for _, leaf in leaves], treedef
+
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+    train_step: Callable[..., Any]
+    eval_step: Callable[..., Any]
+    opt_init: Callable[..., Any]
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_steps(model_cfg: ModelConfig, inner_cfg: InnerConfig, mesh: Mesh) -> _Steps:
+    """The jitted functions for one (model, optimizer, mesh): shared by every loop with those, so a
+    baseline, a node and its evaluations compile each shape once per process."""
+    apply = make_apply(model_cfg)
+    tx = make_optimizer(inner_cfg)
+    rep, data = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+
+    def train_step(params, opt_state, batch_BxT1):
+        loss, grads = jax.value_and_grad(lambda p: next_token_loss(apply, p, batch_BxT1))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return _Steps(
+        train_step=jax.jit(train_step, donate_argnums=(0, 1), in_shardings=(rep, rep, data),
+                           out_shardings=(rep, rep, rep)),
+        eval_step=jax.jit(lambda p, b: summed_loss(apply, p, b), out_shardings=rep),
+        opt_init=jax.jit(tx.init, out_shardings=rep),
+    )
+
+
+class InnerLoop:
+    """Local training state of one island (params, AdamW state, global step, data position).
+
+    Not thread-safe: one thread at a time may call its methods (the node's worker thread). All arrays
+    handed in are copied; all arrays handed out are fresh numpy copies.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, inner_cfg: InnerConfig, batches: BatchSource, *,
+                 params: Mapping[str, np.ndarray] | None = None,
+                 devices: Sequence[jax.Device] | None = None) -> None:
+        self.model_cfg, self.inner_cfg, self.batches = model_cfg, inner_cfg, batches
+        self.mesh = Mesh(np.asarray(list(devices or jax.local_devices())), ("data",))
+        n_dev = self.mesh.devices.size
+        if batches.batch_size % n_dev:
+            raise ConfigError(f"batch size {batches.batch_size} is not divisible by the {n_dev} devices")
+        if batches.seq_len > model_cfg.seq_len:
+            raise ConfigError(f"batches of {batches.seq_len} tokens exceed the model's seq_len {model_cfg.seq_len}")
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._by_batch = NamedSharding(self.mesh, PartitionSpec("data"))
+        self._steps = _compiled_steps(model_cfg, inner_cfg, self.mesh)
+        self._train_step = self._steps.train_step
+        self._params = self._put(init_params(model_cfg, inner_cfg.init_seed) if params is None else params)
+        self._opt_state = self._steps.opt_init(self._params)
+        self.step = 0
+
+    # -- parameters --------------------------------------------------------------------------------
+
+    def _put(self, flat: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        check_flat(self.model_cfg, flat)
+        # A numpy copy first: jax.device_put may alias host memory (even with may_alias=False when the
+        # array came from a jax array), and donation would then let XLA write into the caller's array.
+        return {k: jax.device_put(np.array(flat[k], np.float32, copy=True), self._replicated)
+                for k in sorted(flat)}
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """Current local parameters, flat, as float32 numpy copies."""
+        return {k: np.array(v, dtype=np.float32, copy=True) for k, v in self._params.items()}
+
+    def set_params(self, flat: Mapping[str, np.ndarray]) -> None:
+        """Replace the parameters (start of a round from the global params). AdamW state, the step
+        count and the data position are kept, as in DiLoCo. Raises `LocalProtocolError` on a name or
+        shape mismatch."""
+        self._params = self._put(flat)
+
+    # -- training ----------------------------------------------------------------------------------
+
+    def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None) -> RoundResult:
+        """Run up to `steps` inner steps and return the round's result. Blocks until done.
+
+        `should_stop()` is polled before every step (at most one step is in flight when it is asked);
+        when it returns True the round ends early with the steps done so far. `run(0)` returns the
+        current params unchanged.
+        """
+        if steps < 0:
+            raise LocalProtocolError(f"steps must be >= 0, got {steps}")
+        start = time.perf_counter()
+        pending: list[jax.Array] = []
+        for _ in range(steps):
+            if should_stop is not None and should_stop():
+                break
+            batch = jax.device_put(self.batches.next_batch(), self._by_batch)
+            self._params, self._opt_state, loss = self._train_step(self._params, self._opt_state, batch)
+            pending.append(loss)
+            if len(pending) >= 2:
+                pending[-2].block_until_ready()
+        losses = tuple(float(x) for x in jax.device_get(pending))
+        self.step += len(losses)
+        params = self.params
+        return RoundResult(params=params, tokens=len(losses) * self.batches.batch_size * self.batches.seq_len,
+                           mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses),
+                           seconds=time.perf_counter() - start, losses=losses, step=self.step)
+
+    def evaluate(self, batches: Iterable[np.ndarray], params: Mapping[str, np.ndarray] | None = None) -> float:
+        """Mean held-out loss in bits per byte (bits per token for pre-tokenized data) of the current
+        params, or of `params` if given (the loop's own params are left untouched)."""
+        weights = self._params if params is None else self._put(params)
+        total, count = 0.0, 0
+        for batch in batches:
+            sharding = self._by_batch if len(batch) % self.mesh.devices.size == 0 else self._replicated
+            total += float(self._steps.eval_step(weights, jax.device_put(np.asarray(batch, np.int32), sharding)))
+            count += batch.shape[0] * (batch.shape[1] - 1)
+        return bits_per_byte(total, count)
+
+    def learning_rate(self) -> float:
+        """The inner learning rate the next step will use."""
+        return float(lr_schedule(self.inner_cfg)(self.step))
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue identically: `params/<name>`, `opt/<path>`, `step`,
+        `data_position`; all numpy arrays (copies)."""
+        state = {f"params/{k}": v for k, v in self.params.items()}
+        names, leaves, _ = _tree_names(self._opt_state)
+        state.update({f"opt/{n}": np.array(leaf, copy=True) for n, leaf in zip(names, leaves)})
+        state["step"] = np.asarray(self.step, np.int64)
+        state["data_position"] = np.asarray(self.batches.position, np.int64)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore from `state_dict()` output (of a loop with the same configs). Raises
+        `LocalProtocolError` if names or shapes differ; on error nothing is changed."""
+        names, leaves, treedef = _tree_names(self._opt_state)
+        expected = {f"opt/{n}": leaf for n, leaf in zip(names, leaves)}
+        params = {k[len("params/"):]: v for k, v in state.items() if k.startswith("params/")}
+        extra = set(state) - set(expected) - {f"params/{k}" for k in params} - {"step", "data_position"}
+        missing = (set(expected) | {"step", "data_position"}) - set(state)
+        if extra or missing:
+            raise LocalProtocolError(f"state dict mismatch: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}")
+        for name, leaf in expected.items():
+            if np.shape(state[name]) != leaf.shape:
+                raise LocalProtocolError(f"{name} has shape {np.shape(state[name])}, expected {leaf.shape}")
+        new_params = self._put(params)
+        opt_leaves = [jax.device_put(np.array(state[n], leaf.dtype, copy=True), self._replicated)
+                      for n, leaf in expected.items()]
+        self._params = new_params
+        self._opt_state = jax.tree_util.tree_unflatten(treedef, opt_leaves)
+        self.step = int(state["step"])
+        self.batches.seek(int(state["data_position"]))
+
+
+# ---- single-island CLI ---------------------------------------------------------------------------
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m node.train", description="Train one island alone (no network).")
+    p.add_argument("--model", default="tiny", help="preset: tiny, small, base, large (default tiny)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable)")
+    p.add_argument("--shard-key", default="", help="shard of the train split to read (default: all)")
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--bench", action="store_true",
+                   help="measure InnerLoop.run against the bare jitted step and print the ratio")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. d_model=96 lr=1e-3")
+    return p.parse_args(argv)
+
+
+def _bare_steps_per_second(loop: InnerLoop, steps: int) -> float:
+    """The same compiled step on one pre-placed batch: no sampling, no transfer, no bookkeeping."""
+    batch = jax.device_put(loop.batches.next_batch(), loop._by_batch)
+    params, opt_state = loop._params, loop._opt_state
+    start = time.perf_counter()
+    for _ in range(steps):
+        params, opt_state, loss = loop._train_step(params, opt_state, batch)
+    loss.block_until_ready()
+    loop._params, loop._opt_state = params, opt_state
+    return steps / (time.perf_counter() - start)
+
+
+def bench(loop: InnerLoop, steps: int, repeats: int = 8) -> None:
+    """Print InnerLoop.run steps/s, bare-step steps/s and their ratio: medians over `repeats` rounds of
+    `steps` steps each, interleaved A-B-B-A so that load from other processes hits both alike."""
+    loop.run(2)
+    loop_rates, bare_rates = [], []
+
+    def ours() -> None:
+        r = loop.run(steps)
+        loop_rates.append(r.steps / r.seconds)
+
+    def bare() -> None:
+        bare_rates.append(_bare_steps_per_second(loop, steps))
+
+    for i in range(repeats):
+        for measure in (ours, bare) if i % 2 == 0 else (bare, ours):
+            measure()
+    ours, bare = float(np.median(loop_rates)), float(np.median(bare_rates))
+    tokens = loop.batches.batch_size * loop.batches.seq_len
+    print(f"InnerLoop.run {ours:.1f} steps/s ({ours * tokens:,.0f} tok/s) | bare jitted step {bare:.1f} steps/s "
+          f"| ratio {ours / bare:.3f} (median of {repeats} x {steps} steps)", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train one island for `--steps`, printing throughput, loss and held-out bits per byte."""
+    args = _parse_args(argv)
+    try:
+        cfg: Config = preset(args.model).with_overrides_from_strings(args.overrides)
+        cfg = cfg.with_overrides(shard_key=args.shard_key, **({"sources": tuple(args.data)} if args.data else {}))
+        horizon_given = any(o.partition("=")[0].strip().endswith("total_steps") for o in args.overrides)
+        if not horizon_given and args.steps > cfg.inner.warmup_steps:  # decay over this run unless told
+            cfg = cfg.with_overrides(total_steps=args.steps)
+        dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+        loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"model {args.model}: {param_count(cfg.model):,} params, {loop.mesh.devices.size} {jax.default_backend()} "
+          f"device(s), batch {cfg.data.batch_size} x {cfg.model.seq_len}; train shard {len(loop.batches.stream):,}"
+          f" tokens, held-out {len(dataset.heldout):,} tokens", flush=True)
+    if args.bench:
+        bench(loop, args.steps)
+        return 0
+    heldout = dataset.heldout_batches(args.eval_batches)
+    print(f"step {0:6d} | held-out {loop.evaluate(heldout):.3f} bpb", flush=True)
+    first = loop.run(1)
+    print(f"step {first.step:6d} | loss {first.mean_loss:.3f} | first step (compiles) {first.seconds:.1f} s",
+          flush=True)
+    while loop.step < args.steps:
+        r = loop.run(min(args.log_every - loop.step % args.log_every, args.steps - loop.step))
+        print(f"step {r.step:6d} | loss {r.mean_loss:.3f} | {r.steps / r.seconds:6.1f} steps/s | "
+              f"{r.tokens / r.seconds:9,.0f} tok/s | lr {loop.learning_rate():.2e}", flush=True)
+        if r.step % args.eval_every < r.steps or r.step == args.steps:
+            print(f"step {r.step:6d} | held-out {loop.evaluate(heldout):.3f} bpb", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

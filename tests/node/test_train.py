@@ -1,0 +1,137 @@
+"""The inner loop: real steps on the CPU, rounds, early stop, evaluation, checkpoints, the baseline."""
+
+import math
+
+import numpy as np
+import pytest
+
+from node.baseline import run_baseline, worker_keys
+from node.model import init_params
+from node.train import InnerLoop, lr_schedule
+from protocol.errors import LocalProtocolError
+
+
+@pytest.fixture(scope="module")
+def loop(config, dataset):
+    return InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))
+
+
+def test_loss_falls_on_the_embedded_corpus(config, dataset):
+    loop = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))
+    heldout = dataset.heldout_batches(4)
+    before = loop.evaluate(heldout)
+    result = loop.run(80)
+    after = loop.evaluate(heldout)
+    assert result.steps == 80 and result.step == 80 and len(result.losses) == 80
+    assert result.tokens == 80 * 8 * 32
+    assert np.mean(result.losses[-10:]) < np.mean(result.losses[:5]) - 1.5  # nats
+    assert 7 < before < 8.5 and after < before - 2.0  # bits per byte
+    assert all(math.isfinite(x) for x in result.losses)
+    assert loop._train_step._cache_size() == 1  # jitted once
+
+
+def test_set_params_then_run_zero_returns_the_same_params(loop, config):
+    flat = init_params(config.model, seed=7)
+    loop.run(2)
+    loop.set_params(flat)
+    result = loop.run(0)
+    assert result.steps == 0 and result.tokens == 0 and math.isnan(result.mean_loss)
+    assert result.params.keys() == flat.keys()
+    for name in flat:
+        np.testing.assert_array_equal(result.params[name], flat[name])
+    flat["norm.scale"][:] = 5.0  # the loop holds its own copy
+    assert not np.array_equal(loop.params["norm.scale"], flat["norm.scale"])
+
+
+def test_rounds_keep_the_step_count_and_move_the_params(loop, config):
+    global_params = init_params(config.model, seed=7)
+    kept = {k: v.copy() for k, v in global_params.items()}
+    loop.set_params(global_params)
+    step = loop.step
+    result = loop.run(3)
+    assert result.step == step + 3 == loop.step
+    delta = {k: global_params[k] - result.params[k] for k in global_params}
+    assert max(float(np.abs(d).max()) for d in delta.values()) > 0
+    assert all(np.array_equal(kept[k], global_params[k]) for k in kept)  # donation never touches inputs
+    fed_back = result.params
+    kept = {k: v.copy() for k, v in fed_back.items()}
+    loop.set_params(fed_back)
+    loop.run(2)
+    assert all(np.array_equal(kept[k], fed_back[k]) for k in kept)
+    assert loop.learning_rate() == pytest.approx(float(lr_schedule(config.inner)(loop.step)))
+
+
+def test_should_stop_ends_a_round_early(loop):
+    calls = []
+
+    def should_stop() -> bool:
+        calls.append(1)
+        return len(calls) > 4
+
+    result = loop.run(100, should_stop=should_stop)
+    assert result.steps == 4 and len(calls) == 5
+
+
+def test_state_dict_round_trip_continues_identically(loop, config, dataset):
+    loop.run(3)
+    state = loop.state_dict()
+    assert state["step"] == loop.step and state["data_position"] == loop.batches.position
+    assert any(k.startswith("opt/") and "mu" in k for k in state)
+    expected = loop.run(4)
+    other = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"),
+                      params=init_params(config.model, seed=99))
+    other.load_state_dict(state)
+    got = other.run(4)
+    assert got.losses == expected.losses and got.step == expected.step
+    for name in expected.params:
+        np.testing.assert_array_equal(got.params[name], expected.params[name])
+    with pytest.raises(LocalProtocolError, match="missing"):
+        other.load_state_dict({k: v for k, v in state.items() if k != "step"})
+    with pytest.raises(LocalProtocolError, match="shape"):
+        other.load_state_dict({**state, "params/norm.scale": np.zeros(5, np.float32)})
+
+
+def test_evaluate_given_params_leaves_the_loop_alone(loop, dataset, config):
+    heldout = dataset.heldout_batches(2)
+    own = loop.evaluate(heldout)
+    fresh = loop.evaluate(heldout, params=init_params(config.model, seed=0))
+    assert fresh != own and loop.evaluate(heldout) == own
+
+
+def test_set_params_refuses_wrong_names(loop, config):
+    flat = init_params(config.model, seed=0)
+    del flat["norm.scale"]
+    with pytest.raises(LocalProtocolError, match="norm.scale"):
+        loop.set_params(flat)
+
+
+def test_baseline_curve_falls_and_counts_tokens(config, dataset):
+    per_node = config.with_overrides(batch_size=4)  # global batch 2 x 4 = the loop's 8: no new compile
+    points = run_baseline(per_node, steps=20, shard_keys=worker_keys(2), eval_every=10, eval_batches=2,
+                          dataset=dataset)
+    assert [p.step for p in points] == [0, 10, 20]
+    assert [p.tokens for p in points] == [0, 10 * 2 * 4 * 32, 20 * 2 * 4 * 32]
+    assert points[-1].bits_per_byte < points[0].bits_per_byte - 1.0
+
+
+def test_evaluate_is_mean_cross_entropy_in_bits(loop, dataset, config):
+    import jax
+
+    from node.model import make_apply
+
+    batch = dataset.heldout_batches(1)[0][:3, :21]
+    logits = np.asarray(jax.jit(make_apply(config.model))(loop.params, batch[:, :-1]), np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    nats = -np.take_along_axis(log_probs, batch[:, 1:, None], axis=-1).mean()
+    assert loop.evaluate([batch]) == pytest.approx(nats / math.log(2), rel=1e-5)
+
+
+def test_run_works_from_a_worker_thread(loop):
+    import threading
+
+    results = []
+    worker = threading.Thread(target=lambda: results.append(loop.run(2)))
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive() and results[0].steps == 2
