@@ -1,0 +1,187 @@
+"""Chaos knobs of docs/node-contract.md, kept apart from the honest code paths.
+
+- `Slowdown(FACTOR)`: every inner step takes FACTOR times as long: the worker thread waits
+  (FACTOR − 1) × the step's own time after each step (an older hardware generation).
+- `Misbehave`: `garbage` sends malformed frames to every connected peer (fresh TCP connections whose
+  first frame is not msgpack: refused as `malformed` in the handshake); `bad-updates` also publishes,
+  each round, an update that honest peers must refuse: alternately a payload of NaNs (`non_finite`,
+  found after the download) and a header for a model of other shapes (`shape_mismatch`, refused
+  before any download).
+- `ChaosRoute`: `POST /chaos` `{"block_peers": [ids], "seconds": T}` drops the connections to those
+  peers and refuses them for T seconds (an emulated partition); only mounted with `--allow-chaos`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import trio
+
+from p2p import Host, HttpApp, Request, Response
+from p2p.http import _send_response
+from protocol.gossip import Disconnect
+from protocol.messages import split_addr
+from node.updates import Shapes, shapes_field
+
+__all__ = ["ChaosRoute", "Misbehave", "Slowdown"]
+
+log = logging.getLogger("node.chaos")
+
+
+class Slowdown:
+    """Called before every inner step (from `should_stop`, in the worker thread) and once after a round.
+
+    The process's first step is not stretched: it includes compiling the step, which is not the
+    emulated hardware's speed."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self._last: float | None = None
+        self._measured = 0
+
+    def _wait(self, now: float) -> None:
+        if self._last is not None and self.factor > 1.0:
+            self._measured += 1
+            if self._measured > 1:
+                time.sleep((self.factor - 1.0) * (now - self._last))
+
+    def before_step(self) -> None:
+        self._wait(time.perf_counter())
+        self._last = time.perf_counter()
+
+    def end_round(self) -> None:
+        """The round's last step is not followed by a `before_step`: wait for it here."""
+        self._wait(time.perf_counter())
+        self._last = None
+
+
+class Misbehave:
+    """The `--misbehave` modes; `act` runs once per round, after the honest update."""
+
+    def __init__(self, mode: str, host: Host, shapes: Shapes) -> None:
+        self.mode, self.host, self.shapes = mode, host, dict(shapes)
+        self._count = 0
+
+    async def act(self, base_slot: int, publish_slot: int) -> None:
+        self._count += 1
+        if self.mode == "garbage":
+            await self._garbage()
+        elif self._count % 2:
+            await self._nan_update(base_slot, publish_slot)
+        else:
+            await self._wrong_shapes(base_slot, publish_slot)
+
+    async def _garbage(self) -> None:
+        for peer in self.host.peers():
+            try:
+                host, port = split_addr(peer.gossip_addr)
+                stream = await trio.open_tcp_stream(host, port)
+            except (ValueError, OSError) as exc:
+                log.info("chaos: cannot reach %s: %s", peer.peer_id, exc)
+                continue
+            body = b"\xc1" + os.urandom(31)  # 0xc1 is never valid msgpack
+            try:
+                await stream.send_all(struct.pack(">I", len(body)) + body)
+            except trio.BrokenResourceError:
+                pass
+            finally:
+                await stream.aclose()
+            log.info("chaos: sent a malformed frame to %s", peer.peer_id)
+
+    async def _nan_update(self, base_slot: int, publish_slot: int) -> None:
+        count = sum(math.prod(s) for s in self.shapes.values())
+        payload = np.full(count, np.nan, dtype="<f4").tobytes()
+        signed = await self.host.publish_update(payload, base_slot=base_slot, publish_slot=publish_slot, tokens=1,
+                                                inner_steps=1, codec="fp32", shapes=shapes_field(self.shapes))
+        log.info("chaos: published a NaN update %s", signed.message_id.hex()[:16])
+
+    async def _wrong_shapes(self, base_slot: int, publish_slot: int) -> None:
+        name = sorted(self.shapes)[0]
+        shapes = dict(self.shapes)
+        shapes[name] = (*shapes[name], 2)
+        payload = bytes(4 * sum(math.prod(s) for s in shapes.values()))
+        signed = await self.host.publish_update(payload, base_slot=base_slot, publish_slot=publish_slot, tokens=1,
+                                                inner_steps=1, codec="fp32", shapes=shapes_field(shapes))
+        log.info("chaos: published an update of wrong shapes %s", signed.message_id.hex()[:16])
+
+
+MAX_BODY = 64 << 10
+
+
+@dataclass(frozen=True)
+class BodyRequest(Request):
+    body: bytes = b""
+
+
+class _BodyApp(HttpApp):
+    """`p2p.http.HttpApp` that also reads small POST bodies into `BodyRequest.body`. p2p's `Request` has
+    no body yet; `ChaosRoute.mount` switches the host's app to this subclass (same routes, same
+    behaviour for everything else) until it does."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await super().__call__(scope, receive, send)
+            return
+        body, more = b"", True
+        while more and len(body) <= MAX_BODY:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        request = BodyRequest(method="POST", path=scope["path"], query=scope.get("query_string", b""),
+                              headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]},
+                              client=tuple(scope["client"]) if scope.get("client") else None, body=body)
+        handler = self._find("POST", request.path)
+        if len(body) > MAX_BODY:
+            response = Response.text(413, "body too large\n")
+        else:
+            response = Response.text(404, "not found\n") if handler is None else await handler(request)
+        await _send_response(send, response)
+
+
+class ChaosRoute:
+    """`POST /chaos` (see the module docstring). Blocks use the router's ban list, so the host refuses
+    the peers' connections and does not dial them until the block ends."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.blocked: dict[str, float] = {}  # peer -> Unix time the block ends
+
+    def mount(self) -> None:
+        if type(self.host.http) is HttpApp:
+            self.host.http.__class__ = _BodyApp
+        self.host.http.route("POST", "/chaos", self.handle)
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            raw = request.body if isinstance(request, BodyRequest) else b""
+            body = json.loads(raw) if raw else {}
+            peers, seconds = body["block_peers"], float(body["seconds"])
+            if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers) or not 0 < seconds <= 86400:
+                raise ValueError("block_peers must be a list of peer ids and 0 < seconds <= 86400")
+        except (ValueError, KeyError, TypeError) as exc:
+            return Response.text(400, f"bad chaos request: {exc}\n")
+        self.block(peers, seconds)
+        answer = {"ok": True, "blocked": sorted(peers), "seconds": seconds}
+        return Response(200, json.dumps(answer).encode(), {"content-type": "application/json"})
+
+    def block(self, peers: list[str], seconds: float) -> None:
+        now = self.host.now()
+        router = self.host.router
+        for peer in peers:
+            # PeerScores.ban keeps a peer out for config.ban_s from the time given: shift it to last `seconds`.
+            router.scores.ban(peer, now + seconds - router.scores.config.ban_s)
+            self.blocked[peer] = now + seconds
+            state = router.peers.get(peer)
+            if state is not None:
+                self.host._execute([Disconnect(peer, state.conn, f"chaos: blocked for {seconds:g} s")])
+            log.warning("chaos: blocking %s for %g s", peer, seconds)

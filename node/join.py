@@ -1,0 +1,252 @@
+"""State sync: serving this node's state to joiners, and joining from other nodes' states.
+
+Serving. `GET /state` answers the canonical bytes of this node's latest signed `StateManifest` (run id,
+origin, slot, ledger and params digests, and one blob, `ledger`: the `LedgerSnapshot` bytes, which hold
+the window-bottom parameters and momentum, every update in the window and the seen ids). The snapshot
+is made on demand, at most once per ledger change, stored as a content-addressed blob (served by
+`GET /blobs/<sha256>`) and announced with `Host.publish_manifest`; the last two snapshot blobs are kept
+so a download in progress survives the next request. 503 while this node has no state.
+
+Joining (`sync_state`). Ask every connected peer for its manifest (each one is verified like a gossiped
+message: schema, run id, signature, and its origin must be the peer asked), then `choose`: the freshest
+state confirmed by two peers (same slot, same ledger and params digests); else the freshest one, with a
+logged warning. Download its `ledger` blob from the peers that vouched for it (hash checked by the blob
+client), load it, and check that the loaded ledger's digests equal the manifest's (`bad_state` if not,
+and the next candidate is tried). A node whose own state is as fresh keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+import trio
+
+from p2p import Host, Request, Response, TransportError
+from protocol.errors import Reason, RemoteProtocolError
+from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot
+from protocol.messages import Signed, StateManifest
+from protocol.validation import Validator
+from protocol.wire import encode
+from node.replica import Replica
+
+__all__ = ["Choice", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest", "fetch_manifests",
+           "sync_state"]
+
+log = logging.getLogger("node.join")
+
+STATE_PATH = "/state"
+LEDGER_BLOB = "ledger"
+MANIFEST_TYPE = "application/x-diloco-manifest"
+
+
+class StateServer:
+    """Answers `GET /state` for one node (see the module docstring)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.replica: Replica | None = None  # set once this node has a state
+        self._lock = trio.Lock()
+        self._cached: tuple[int, bytes] | None = None  # (replica version, manifest bytes)
+        self._blobs: list[str] = []
+
+    def mount(self) -> None:
+        self.host.http.route("GET", STATE_PATH, self.handle)
+
+    async def handle(self, request: Request) -> Response:
+        if self.replica is None:
+            return Response.text(503, "no state yet (syncing)\n")
+        return Response(200, await self.manifest_bytes(), {"content-type": MANIFEST_TYPE})
+
+    async def manifest_bytes(self) -> bytes:
+        replica = self.replica
+        assert replica is not None
+        async with self._lock:
+            version = replica.version
+            if self._cached is not None and self._cached[0] == version:
+                return self._cached[1]
+            snap, ledger_digest, params_digest = await replica.snapshot()
+            data = await trio.to_thread.run_sync(snap.to_bytes)
+            blob = await self.host.add_blob(data)
+            signed = await self.host.publish_manifest(snap.slot, ledger_digest, params_digest, [(LEDGER_BLOB, blob)])
+            if blob not in self._blobs:
+                self._blobs.append(blob)
+            while len(self._blobs) > 2:
+                old = self._blobs.pop(0)
+                self.host.store.remove(old)
+                self.host.router.forget_blob(old)
+            self._cached = (version, encode(signed))
+            log.info("serving state of slot %d (ledger %s, %d bytes)", snap.slot, ledger_digest.hex()[:16], len(data))
+            return self._cached[1]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Manifests of one state (same slot and digests), one per origin. Snapshot bytes may differ between
+    origins (they carry per-replica counters), so each origin's blob is fetched from that origin."""
+
+    manifests: tuple[StateManifest, ...]
+
+    @property
+    def manifest(self) -> StateManifest:
+        return self.manifests[0]
+
+    @property
+    def confirmed_by(self) -> tuple[str, ...]:
+        return tuple(m.origin for m in self.manifests)
+
+    @property
+    def confirmed(self) -> bool:
+        return len(self.confirmed_by) >= 2
+
+
+def choose(manifests: Sequence[StateManifest]) -> list[Choice]:
+    """Candidates, best first: confirmed states (two or more origins agree on slot and both digests)
+    before unconfirmed ones, then by slot (freshest first), then by number of confirmations."""
+    groups: dict[tuple[int, bytes, bytes], dict[str, StateManifest]] = defaultdict(dict)
+    for m in manifests:
+        groups[(m.slot, m.ledger_digest, m.params_digest)].setdefault(m.origin, m)
+    choices = [Choice(tuple(ms[o] for o in sorted(ms))) for ms in groups.values()]
+    return sorted(choices, key=lambda c: (not c.confirmed, -c.manifest.slot, -len(c.confirmed_by),
+                                          c.manifest.ledger_digest))
+
+
+class PeerSyncing(Exception):
+    """The peer has no state to give yet (it is syncing itself): HTTP 503 on `/state`."""
+
+
+async def fetch_manifest(client: httpx.AsyncClient, host: Host, run_id: str, peer: str,
+                         http_addr: str) -> StateManifest | None:
+    """`peer`'s verified manifest (schema, run id, signature, origin = `peer`), or None (logged).
+    Raises `PeerSyncing` if the peer answers that it has no state yet."""
+    try:
+        response = await client.get(f"http://{http_addr}{STATE_PATH}")
+    except httpx.HTTPError as exc:
+        log.info("state of %s: %s", peer, exc)
+        return None
+    if response.status_code == 503:
+        raise PeerSyncing(peer)
+    if response.status_code != 200:
+        log.info("state of %s: HTTP %d", peer, response.status_code)
+        return None
+    try:
+        message = Validator(run_id).validate(response.content, host.now())
+        if not isinstance(message, Signed) or not isinstance(message.body, StateManifest):
+            raise RemoteProtocolError(Reason.BAD_STATE, "not a state manifest")
+        if message.origin != peer:
+            raise RemoteProtocolError(Reason.BAD_IDENTITY, f"manifest signed by {message.origin}")
+    except RemoteProtocolError as exc:
+        log.warning("refused the state manifest of %s: %s", peer, exc)
+        host.counters.rejected(peer, exc.reason)
+        return None
+    return message.body
+
+
+async def fetch_manifests(client: httpx.AsyncClient, host: Host, run_id: str) -> tuple[list[StateManifest], bool]:
+    """The verified manifests of every connected peer that answers `GET /state` (others are skipped),
+    and whether at least one peer was asked and every one answered that it is syncing itself."""
+    out: list[StateManifest] = []
+    asked = [p for p in host.peers() if p.http_addr]
+    syncing: list[str] = []
+
+    async def one(peer: str, http_addr: str) -> None:
+        try:
+            manifest = await fetch_manifest(client, host, run_id, peer, http_addr)
+        except PeerSyncing:
+            log.info("state of %s: it is syncing too", peer)
+            syncing.append(peer)
+            return
+        if manifest is not None:
+            out.append(manifest)
+
+    async with trio.open_nursery() as nursery:
+        for p in asked:
+            nursery.start_soon(one, p.peer_id, p.http_addr)
+    return out, bool(asked) and len(syncing) == len(asked)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    ledger: Ledger
+    snapshot: LedgerSnapshot
+    choice: Choice
+
+
+async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]]) -> SyncResult:
+    """Download and verify the state of `choice`, from each vouching origin in turn until one works."""
+    failures = []
+    for manifest in choice.manifests:
+        refs = {name: (sha.hex(), size) for name, sha, size in manifest.blobs}
+        if LEDGER_BLOB not in refs:
+            failures.append(f"{manifest.origin}: no ledger blob")
+            continue
+        blob, size = refs[LEDGER_BLOB]
+        try:
+            path = await host.fetch_blob(blob, size, [manifest.origin])
+        except TransportError as exc:
+            failures.append(f"{manifest.origin}: {exc}")
+            continue
+
+        def work() -> SyncResult:
+            snap = LedgerSnapshot.from_bytes(path.read_bytes())
+            ledger = Ledger.from_snapshot(snap, config, shapes)
+            if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
+                raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
+            return SyncResult(ledger, snap, choice)
+
+        try:
+            return await trio.to_thread.run_sync(work)
+        except RemoteProtocolError as exc:
+            host.counters.rejected(manifest.origin, exc.reason)
+            failures.append(f"{manifest.origin}: {exc}")
+        finally:
+            host.store.remove(blob)
+            host.router.forget_blob(blob)
+    raise TransportError(f"no origin served a usable state: {'; '.join(failures)}")
+
+
+async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
+                     own: tuple[int, bytes] | None, timeout_s: float, retry_s: float) -> SyncResult | None:
+    """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest)
+    (no peer answered within `timeout_s`, or none is fresher than ours). Waits `retry_s` between asks;
+    asks up to three times for a confirmed state before settling for an unconfirmed one. When every
+    peer asked three times in a row had no state either (all syncing, e.g. a whole run restarting at
+    once), keeps its own."""
+    deadline = trio.current_time() + timeout_s
+    unconfirmed_tries = empty_asks = 0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+        while trio.current_time() < deadline:
+            manifests, all_syncing = await fetch_manifests(client, host, run_id)
+            empty_asks = empty_asks + 1 if all_syncing else 0
+            if empty_asks >= 3 and own is not None:
+                log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
+                return None
+            choices = choose(manifests)
+            if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
+                best = choices[0]
+                if own is not None and (best.manifest.slot < own[0] or
+                                        (best.manifest.slot == own[0] and best.manifest.ledger_digest == own[1])):
+                    log.info("own state (slot %d) is as fresh as the peers' (slot %d): keeping it", own[0],
+                             best.manifest.slot)
+                    return None
+                if not best.confirmed:
+                    log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
+                                best.manifest.slot, best.confirmed_by[0])
+                for choice in choices:
+                    try:
+                        result = await _load(host, choice, config, shapes)
+                    except (RemoteProtocolError, TransportError, OSError) as exc:
+                        log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
+                                    choice.confirmed_by, exc)
+                        continue
+                    log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
+                             choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
+                    return result
+            if choices:
+                unconfirmed_tries += 1
+            await trio.sleep(retry_s)
+    log.warning("no usable peer state within %.0f s", timeout_s)
+    return None

@@ -1,0 +1,344 @@
+"""The training node: one `NodeRuntime` per process (or several in one trio process, for tests).
+
+Lifecycle (`NodeRuntime.run`), one owner per step:
+
+    listening   the p2p host is up (gossip + HTTP: /status, /metrics, /state, /blobs, /chaos);
+                `task_status.started(runtime)` — the CLI prints LISTENING here
+    prepare     data, inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
+                from the seed's initial parameters (a worker thread)
+    syncing     with bootstrap peers: the best peer state if fresher than ours (`node.join`)
+    training    rounds (`node.rounds`), while the intake task adds peers' updates as they arrive
+    draining    after `--max-rounds`: wait for the peers (`node.drain`), close every slot with updates
+    stopped     signed goodbye, final checkpoint; `run` returns the `Stopped` line
+
+A stop request (SIGTERM/SIGINT through the CLI, or `request_stop`) skips to `stopped` at the next step
+boundary: an inner round ends after its current step and publishes nothing; no drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+import p2p
+from node.checkpoint import Checkpoint, CheckpointDir
+from node.chaos import ChaosRoute
+from node.data import Dataset
+from node.drain import DrainTracker, PeerView, drain_state
+from node.join import StateServer, sync_state
+from node.logs import PEER
+from node.model import embedding_names, param_shapes
+from node.repair import pull_missing
+from node.replica import Replica
+from node.rounds import Rounds
+from node.settings import NodeSettings
+from node.status import NodeStats, StatusRoutes
+from node.train import InnerLoop
+from node.updates import accept_hook, decode_update, update_meta
+from protocol.compression import ErrorFeedback
+from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, LedgerSnapshot, Outcome, SlotClosePolicy
+from protocol.messages import Goodbye, UpdateHeader, split_addr
+
+__all__ = ["NodeRuntime", "Stopped"]
+
+log = logging.getLogger("node.runtime")
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How the run ended: the final slot and digests (the `STOPPED` line), and why."""
+
+    slot: int
+    ledger_digest: bytes
+    params_digest: bytes
+    reason: str
+
+    def line(self) -> str:
+        return f"STOPPED {self.slot} {self.ledger_digest.hex()} {self.params_digest.hex()}"
+
+
+class NodeRuntime:
+    """One node (see the module docstring). Create, then `await nursery.start(runtime.run)`."""
+
+    def __init__(self, settings: NodeSettings, identity: Identity | None = None) -> None:
+        self.settings = settings
+        if identity is None:
+            settings.key_path.parent.mkdir(parents=True, exist_ok=True)
+            identity = Identity.load_or_create(settings.key_path)  # a new key file is created mode 0600
+        self.identity = identity
+        self.peer_id = self.identity.peer_id
+        self.cfg = settings.ml_config(self.peer_id)
+        self.shapes = param_shapes(self.cfg.model)
+        self.ledger_config = LedgerConfig(window=settings.window,
+                                          embeddings=frozenset(embedding_names(self.cfg.model)))
+        self.stats = NodeStats(self.peer_id)
+        self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum))
+        self.feedback = ErrorFeedback(settings.compression)
+        self.checkpoints = (CheckpointDir(settings.checkpoint_dir, keep=settings.keep_checkpoints,
+                                          expect={"run_id": settings.run_id, "peer_id": self.peer_id})
+                            if settings.checkpoint_dir is not None else None)
+        self.host: p2p.Host
+        self.replica: Replica | None = None
+        self.rounds: Rounds | None = None
+        self.result: Stopped | None = None
+        self._stop_reason: str | None = None
+        self._stop_event = trio.Event()
+        self._sync_scope: trio.CancelScope | None = None
+        self._resync = False  # set when peers' updates are too far ahead to hold
+        self._repaired: set[tuple[str, str]] = set()  # (peer, drain state) pulled from at the end
+        self._seen_peers: set[str] = set()  # peers connected at some point in this process
+        self._connected: set[str] = set()  # peers connected at the last check between rounds
+
+    # ---- stopping ---------------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next step boundary: goodbye, checkpoint, `Stopped` (no drain). Idempotent."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            log.info("stop requested: %s", reason)
+            self._stop_event.set()
+            if self._sync_scope is not None:
+                self._sync_scope.cancel()
+
+    def stop_requested(self) -> bool:
+        return self._stop_reason is not None
+
+    async def wait_change(self, deadline: float | None) -> None:
+        """Sleep until the ledger changes, a stop is requested, or `deadline` (trio time) passes."""
+        with trio.move_on_at(math.inf if deadline is None else deadline):
+            async with trio.open_nursery() as nursery:
+                async def first(fn) -> None:
+                    await fn()
+                    nursery.cancel_scope.cancel()
+
+                if self.replica is not None:
+                    nursery.start_soon(first, self.replica.changed)
+                nursery.start_soon(first, self._stop_event.wait)
+
+    def _progress(self, state: str) -> None:
+        slot = self.replica.slot if self.replica is not None else 0
+        self.host.set_progress(slot, self.stats.round, state)
+
+    # ---- the lifecycle ----------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED) -> Stopped:
+        PEER.set(self.peer_id)
+        with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
+            data_dir = self.settings.checkpoint_dir or Path(scratch)
+            async with trio.open_nursery() as nursery:
+                self.host = await nursery.start(p2p.run, self._host_config(data_dir))
+                self._background = await nursery.start(self._background_tasks)
+                self.status = StatusRoutes(self.stats, self.host)
+                self.status.mount()
+                self.state_server = StateServer(self.host)
+                self.state_server.mount()
+                if self.settings.allow_chaos:
+                    ChaosRoute(self.host).mount()
+                self._progress("syncing")
+                task_status.started(self)
+                await self._prepare()
+                if self.settings.peers and not self.stop_requested():
+                    await self._join()
+                self._start_training()
+                drained = False
+                while not self.stop_requested() and not self.rounds.last_round:
+                    await self._one_round()
+                if not self.stop_requested():
+                    drained = await self._drain()
+                self.result = await self._finish(drained)
+                nursery.cancel_scope.cancel()
+        return self.result
+
+    @staticmethod
+    async def _background_tasks(task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+        """A nursery for the intake of peers' updates and for repairs; `_finish` cancels it first, so the
+        ledger does not change between the final digests and the final checkpoint."""
+        async with trio.open_nursery() as nursery:
+            task_status.started(nursery)
+            await trio.sleep_forever()
+
+    def _host_config(self, data_dir: Path) -> p2p.HostConfig:
+        s = self.settings
+        host, gossip_port = split_addr(s.listen) if not s.listen.endswith(":0") else (s.listen[:-2], 0)
+        http_host, http_port = split_addr(s.http) if not s.http.endswith(":0") else (s.http[:-2], 0)
+        if http_host.strip("[]") != host.strip("[]"):
+            log.warning("--http host %s differs from --listen host %s: serving HTTP on %s", http_host, host, host)
+        gossip = GossipConfig(run_id=s.run_id, heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+                              dial_backoff_s=min(0.5, s.heartbeat_s), dial_backoff_max_s=max(2.0, 10 * s.heartbeat_s))
+        return p2p.HostConfig(identity=self.identity, run_id=s.run_id, data_dir=Path(data_dir),
+                              listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
+                              bootstrap=s.peers, gossip=gossip, accept=accept_hook(self.shapes))
+
+    async def _prepare(self) -> None:
+        """Data, inner loop, ledger (checkpoint or initial parameters), first evaluation."""
+        cfg = self.cfg
+
+        def build() -> tuple[InnerLoop, list, Ledger, LedgerSnapshot | None, Checkpoint | None]:
+            dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+            loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
+            heldout = dataset.heldout_batches(self.settings.eval_batches)
+            ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
+            if ckpt is not None:
+                try:
+                    snap = LedgerSnapshot.from_bytes(ckpt.ledger)
+                    ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes)
+                    loop.load_state_dict(ckpt.inner)
+                    self.feedback.load_state_dict(ckpt.feedback)
+                except (RemoteProtocolError, LocalProtocolError) as exc:
+                    log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
+                else:
+                    return loop, heldout, ledger, snap, ckpt
+            return loop, heldout, Ledger(loop.params, self.ledger_config), None, None
+
+        self.loop, self.heldout, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
+        if ckpt is not None:
+            self.stats.round = self.stats.resumed_round = ckpt.round
+            self.stats.updates_published = int(ckpt.meta.get("updates_published", 0))
+            log.info("resumed from checkpoint of round %d (slot %d)", ckpt.round, snap.slot)
+        self.replica = Replica(ledger, snap.seen if snap is not None else ())
+        self.status.replica = self.replica
+        log.info("model ready: %d tensors; ledger at slot %d", len(self.shapes), self.replica.slot)
+
+    async def _join(self) -> None:
+        replica = self.replica
+        own_digest, _ = await replica.digests()
+        result = None
+        with trio.CancelScope() as self._sync_scope:
+            result = await sync_state(self.host, self.settings.run_id, self.ledger_config, self.shapes,
+                                      own=(replica.slot, own_digest), timeout_s=self.settings.sync_timeout_s,
+                                      retry_s=self.settings.heartbeat_s)
+        self._sync_scope = None
+        if result is None:
+            return
+        await replica.replace(result.ledger, result.snapshot.seen)
+        self.feedback.reset()  # the residual belonged to the parameters we had
+        m = result.choice.manifest
+        self.stats.sync = {"slot": m.slot, "ledger_digest": m.ledger_digest.hex(),
+                           "params_digest": m.params_digest.hex(), "confirmed_by": list(result.choice.confirmed_by)}
+
+    def _start_training(self) -> None:
+        self.rounds = Rounds(
+            settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
+            stats=self.stats, policy=self.policy, shapes=self.shapes, heldout=self.heldout,
+            checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
+        self.state_server.replica = self.replica
+        self.stats.state = "training"
+        self._progress("training")
+        self._background.start_soon(self._intake)
+
+    async def _repair(self, peer: str) -> None:
+        """Pull the updates `peer` holds and we missed (see `node.repair`)."""
+        http = {p.peer_id: p.http_addr for p in self.host.peers()}.get(peer)
+        if http:
+            await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
+
+    def _returned_peers(self) -> list[str]:
+        """Peers that were connected before in this process, then gone, and are back since the last call."""
+        now = set(self.host.connected_peers())
+        back = sorted((now - self._connected) & self._seen_peers)
+        self._seen_peers |= now
+        self._connected = now
+        return back
+
+    async def _one_round(self) -> None:
+        if self._resync:
+            self._resync = False
+            log.warning("far behind the peers: syncing their state again")
+            await self._join()
+        for peer in self._returned_peers():
+            log.info("%s is back: pulling what it holds and we missed", peer)
+            self._background.start_soon(self._repair, peer)
+        rounds, every = self.rounds, self.settings.eval_every
+        if every and not self.stats.eval_history:
+            await rounds.evaluate()  # the starting point of the curve
+        if not await rounds.run_round():
+            return
+        self._progress("training")
+        if every and self.stats.round % every == 0:
+            await rounds.evaluate()
+        if self.stats.round % self.settings.checkpoint_every == 0:
+            await rounds.checkpoint()
+        rounds.collect_garbage()
+
+    # ---- peers' updates ---------------------------------------------------------------------------
+    async def _intake(self) -> None:
+        """Add every verified update from the overlay to the ledger (decoded in a worker thread)."""
+        async for delivery in self.host.inbox:
+            body = delivery.body
+            if isinstance(body, Goodbye):
+                log.info("goodbye from %s: %s", body.origin, body.reason)
+            elif isinstance(body, UpdateHeader):
+                await self._add_update(delivery)
+
+    async def _add_update(self, delivery: p2p.Delivery) -> None:
+        header: UpdateHeader = delivery.body
+        meta = update_meta(delivery.message)
+        try:
+            deltas = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
+            outcome, closed = await self.replica.add(meta, deltas)
+        except RemoteProtocolError as exc:
+            self.stats.rejections[exc.reason.value] += 1
+            log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,
+                        delivery.source, exc)
+            if exc.reason is Reason.BAD_SLOT and meta.target_slot > self.replica.slot:
+                self._resync = True  # too far behind to hold their updates: sync again between rounds
+            return
+        now = self.host.now()
+        self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
+        self.rounds.peer_clock.observe(header.origin, now)
+        self.rounds.payloads.append((meta.target_slot, header.payload_sha256.hex()))
+        level = logging.WARNING if outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE) else logging.INFO
+        log.log(level, "update %s from %s (base %d, slot %d, %d steps): %s%s", meta.update_id.hex()[:16],
+                header.origin, header.base_slot, meta.target_slot, header.inner_steps, outcome.value,
+                f"; caught up to slot {self.replica.slot}" if closed else "")
+
+    # ---- the end ----------------------------------------------------------------------------------
+    async def _drain(self) -> bool:
+        """Wait for the peers (see `node.drain`); True when they agreed (or none is left)."""
+        s = self.settings
+        self.stats.draining = True
+        round_s = self.stats.contributed_step_seconds / max(1, self.stats.updates_published)
+        quiet = s.drain_timeout_s or max(6 * s.heartbeat_timeout_s, 3 * (round_s + (self.rounds.overhead_s or 0)))
+        tracker = DrainTracker(trio.current_time(), quiet)
+        log.info("draining: waiting for the peers (gives up after %.0f s without progress)", quiet)
+        while not self.stop_requested():
+            own = drain_state(self.replica.set_hash.hex())
+            self._progress(own)
+            graylist = self.host.router.config.score.graylist  # peers we no longer gossip with: not waited for
+            peers = [PeerView(p.peer_id, p.state, p.slot, p.round) for p in self.host.peers() if p.score >= graylist]
+            decision = tracker.update(trio.current_time(), own, peers)
+            for peer, state in tracker.diverged(trio.current_time(), 3 * s.heartbeat_s):
+                if (peer, state) not in self._repaired:
+                    self._repaired.add((peer, state))
+                    await self._repair(peer)
+            if decision.done:
+                level = logging.WARNING if decision.why == "quiet-timeout" else logging.INFO
+                log.log(level, "drain done (%s)%s", decision.why,
+                        f"; peers not agreeing: {list(decision.waiting_for)}" if decision.waiting_for else "")
+                return decision.why != "quiet-timeout"
+            await self.wait_change(trio.current_time() + s.heartbeat_s / 2)
+        return False
+
+    async def _finish(self, drained: bool) -> Stopped:
+        """Close known slots (after a drain), goodbye, final checkpoint."""
+        replica = self.replica
+        self._background.cancel_scope.cancel()
+        if drained or not self.stop_requested():
+            await replica.close_known()
+        ledger_digest, params_digest = await replica.digests()
+        self.stats.state = "stopped"
+        self.stats.draining = False
+        self._progress("stopped")
+        reason = self._stop_reason or "max-rounds reached"
+        await self.host.close(reason)
+        if self.rounds is not None:
+            await self.rounds.checkpoint()
+        log.info("stopped at slot %d, ledger %s, params %s", replica.slot, ledger_digest.hex()[:16],
+                 params_digest.hex()[:16])
+        return Stopped(replica.slot, ledger_digest, params_digest, reason)

@@ -1,0 +1,104 @@
+"""Everything one `diloco-node` process is told: a frozen dataclass built by the CLI (`node.cli`) or by a
+test, and read by the runtime. The machine-learning half (model, data, inner optimizer) is a
+`node.config.Config`; this adds the network, the outer loop and the process's own knobs.
+
+Run-wide settings (every node of a run must agree, or their updates and states are refused):
+`run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `heartbeat_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from node.config import Config, ConfigError, preset
+from protocol.compression import Codec
+from protocol.messages import split_addr
+
+__all__ = ["CHAOS_MODES", "NodeSettings"]
+
+CHAOS_MODES = ("garbage", "bad-updates")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """One node process. Defaults are the CLI's (see `node.cli` for the meaning of each flag)."""
+
+    run_id: str
+    key_path: Path
+    listen: str = "127.0.0.1:0"
+    http: str = "127.0.0.1:0"
+    peers: tuple[str, ...] = ()
+    data: tuple[str, ...] = ()
+    model: str = "tiny"
+    overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.config (e.g. "batch_size=8")
+    inner_steps: int = 50
+    adaptive_steps: bool = False
+    max_rounds: int | None = None  # None: until a signal
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 3
+    compression: str = "int4"
+    eval_every: int = 5
+    eval_batches: int = 4
+    seed: int = 0
+    window: int = 8
+    quorum: int = 1
+    heartbeat_s: float = 1.0
+    sync_timeout_s: float = 60.0
+    drain_timeout_s: float | None = None  # None: derived from the heartbeat and round times
+    slowdown: float = 1.0
+    misbehave: str | None = None
+    allow_chaos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise ConfigError("--run-id must not be empty")
+        for flag, addr in (("--listen", self.listen), ("--http", self.http)):
+            _check_addr(flag, addr, allow_port_0=True)
+        for addr in self.peers:
+            _check_addr("--peers", addr, allow_port_0=False)
+        if self.compression not in {c.value for c in Codec}:
+            _fail(f"--compression must be one of {[c.value for c in Codec]}, got {self.compression!r}")
+        for flag, value, low in (("--inner-steps", self.inner_steps, 1), ("--eval-batches", self.eval_batches, 1),
+                                 ("--checkpoint-every", self.checkpoint_every, 1), ("--quorum", self.quorum, 1),
+                                 ("--keep-checkpoints", self.keep_checkpoints, 1), ("--eval-every", self.eval_every, 0),
+                                 ("--window", self.window, 1), ("--seed", self.seed, 0)):
+            if value < low:
+                _fail(f"{flag} must be >= {low}, got {value}")
+        if self.max_rounds is not None and self.max_rounds < 0:
+            _fail(f"--max-rounds must be >= 0, got {self.max_rounds}")
+        if not self.slowdown >= 1.0:
+            _fail(f"--slowdown must be >= 1, got {self.slowdown}")
+        if not 0.0 < self.heartbeat_s <= 60.0:
+            _fail(f"--heartbeat must be in (0, 60] seconds, got {self.heartbeat_s}")
+        if self.misbehave is not None and self.misbehave not in CHAOS_MODES:
+            _fail(f"--misbehave must be one of {CHAOS_MODES}, got {self.misbehave!r}")
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """Silence after which a peer counts as gone (five heartbeats)."""
+        return 5.0 * self.heartbeat_s
+
+    def ml_config(self, shard_key: str) -> Config:
+        """The model/data/inner-optimizer config: the preset, then `overrides`, then the seed (initial
+        parameters and data order) and this node's data shard (`shard_key`, its peer id)."""
+        cfg = preset(self.model).with_overrides_from_strings(self.overrides)
+        extra: dict[str, object] = {"init_seed": self.seed, "data_seed": self.seed, "shard_key": shard_key}
+        if self.data:
+            extra["sources"] = self.data
+        return cfg.with_overrides(**extra)
+
+
+def _fail(message: str) -> None:
+    raise ConfigError(message)
+
+
+def _check_addr(flag: str, addr: str, *, allow_port_0: bool) -> None:
+    host, sep, port = addr.rpartition(":")
+    if allow_port_0 and sep and port == "0" and host:
+        return
+    try:
+        split_addr(addr)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None

@@ -1,0 +1,182 @@
+"""What a node tells the world: `GET /status` (JSON, every field of docs/node-contract.md plus a few
+extras) and `GET /metrics` (Prometheus text through `prometheus_client`, from a custom collector on a
+registry of this node's own: no global metrics, so several nodes can live in one process).
+
+`NodeStats` holds the counters the round loop updates; `status_fields` assembles the JSON from it, the
+replica (slot, digests, outcomes) and the host (peers, bytes, refusals). Digests are the replica's
+cached values; the `/status` handler refreshes them first (in a worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from p2p import Host, Kind, Request, Response
+from protocol.errors import Reason
+from node.replica import Replica
+
+__all__ = ["NodeStats", "StatusRoutes", "status_fields"]
+
+
+@dataclass
+class NodeStats:
+    """Progress of this process, updated by the runtime (trio thread only)."""
+
+    peer_id: str
+    started_at: float = field(default_factory=time.time)
+    state: str = "syncing"  # syncing / training / stopped
+    draining: bool = False
+    round: int = 0  # rounds finished (restored from a checkpoint)
+    inner_steps: int = 0  # this process
+    tokens: int = 0  # this process
+    loss: float | None = None
+    eval_loss: float | None = None
+    eval_history: list[list[float]] = field(default_factory=list)
+    steps_per_second: float | None = None
+    contributed_step_seconds: float = 0.0
+    first_update_at: float | None = None
+    updates_published: int = 0
+    rejections: Counter[str] = field(default_factory=Counter)  # node-level refusals (payload contents)
+    sync: dict[str, Any] | None = None  # the state sync this process did, if any
+    resumed_round: int | None = None  # round of the checkpoint this process resumed from
+
+    def observe_round(self, steps: int, seconds: float, tokens: int, loss: float) -> None:
+        self.inner_steps += steps
+        self.tokens += tokens
+        self.loss = loss if math.isfinite(loss) else None
+        if steps and seconds > 0:
+            rate = steps / seconds
+            self.steps_per_second = rate if self.steps_per_second is None else 0.7 * self.steps_per_second + 0.3 * rate
+
+
+def _rejections(stats: NodeStats, host: Host) -> dict[str, int]:
+    merged: Counter[str] = Counter(stats.rejections)
+    for reason, n in host.counters.rejections.items():
+        if reason is not Reason.DUPLICATE and n:  # duplicates are normal gossip, not refusals
+            merged[reason.value] += n
+    return dict(sorted(merged.items()))
+
+
+def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
+                  digests: tuple[bytes, bytes] | None = None) -> dict[str, Any]:
+    """The `/status` JSON object (contract fields first, then extras). `digests` default to the
+    replica's cached ones (empty strings before the first computation)."""
+    control, blob = host.counters.total(Kind.CONTROL), host.counters.total(Kind.BLOB)
+    if digests is None and replica is not None:
+        digests = replica.cached_digests
+    return {
+        "peer_id": stats.peer_id,
+        "state": stats.state,
+        "slot": replica.slot if replica is not None else 0,
+        "round": stats.round,
+        "inner_steps": stats.inner_steps,
+        "tokens": stats.tokens,
+        "loss": stats.loss,
+        "eval_loss": stats.eval_loss,
+        "eval_history": stats.eval_history,
+        "peers": host.connected_peers(),
+        "bytes_sent": control.sent_bytes + blob.sent_bytes,
+        "bytes_received": control.recv_bytes + blob.recv_bytes,
+        "updates_applied": replica.updates_applied if replica is not None else 0,
+        "updates_rejected": _rejections(stats, host),
+        "ledger_digest": digests[0].hex() if digests else "",
+        "params_digest": digests[1].hex() if digests else "",
+        "steps_per_second": stats.steps_per_second,
+        "contributed_step_seconds": stats.contributed_step_seconds,
+        "started_at": stats.started_at,
+        "first_update_at": stats.first_update_at,
+        # extras
+        "draining": stats.draining,
+        "gossip_addr": host.gossip_addr,
+        "http_addr": host.http_addr,
+        "updates_published": stats.updates_published,
+        "ledger_outcomes": dict(sorted(replica.outcomes.items())) if replica is not None else {},
+        "held_future": {str(k): v for k, v in replica.held.items()} if replica is not None else {},
+        "sync": stats.sync,
+        "resumed_round": stats.resumed_round,
+        "peer_slots": {p.peer_id: p.slot for p in host.peers()},
+    }
+
+
+class _Collector(Collector):
+    def __init__(self, routes: StatusRoutes) -> None:
+        self.routes = routes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = status_fields(self.routes.stats, self.routes.replica, self.routes.host)
+        info = GaugeMetricFamily("diloco_node_info", "this node (value 1)", labels=["peer_id", "state"])
+        info.add_metric([s["peer_id"], s["state"]], 1)
+        yield info
+        for name, help_text, value in [
+            ("slot", "slots closed (outer steps applied)", s["slot"]),
+            ("round", "rounds finished", s["round"]),
+            ("peers", "connected peers", len(s["peers"])),
+            ("loss", "mean training loss of the last round (nats)", s["loss"]),
+            ("eval_bits_per_byte", "last held-out loss (bits per byte)", s["eval_loss"]),
+            ("steps_per_second", "inner steps per second (moving average)", s["steps_per_second"]),
+            ("started_at_seconds", "Unix time the process started", s["started_at"]),
+            ("first_update_at_seconds", "Unix time of the first published update", s["first_update_at"]),
+            ("draining", "1 while waiting for peers at the end of the run", int(s["draining"])),
+        ]:
+            if value is not None:
+                yield GaugeMetricFamily(f"diloco_node_{name}", help_text, value=float(value))
+        for name, help_text, value in [
+            ("inner_steps", "inner steps done by this process", s["inner_steps"]),
+            ("tokens", "tokens trained by this process", s["tokens"]),
+            ("bytes_sent", "bytes sent, all kinds", s["bytes_sent"]),
+            ("bytes_received", "bytes received, all kinds", s["bytes_received"]),
+            ("updates_applied", "updates put into the ledger (own and peers')", s["updates_applied"]),
+            ("updates_published", "updates this node published", s["updates_published"]),
+            ("contributed_step_seconds", "inner-step time of rounds whose update was published",
+             s["contributed_step_seconds"]),
+        ]:
+            yield CounterMetricFamily(f"diloco_node_{name}", help_text, value=float(value))
+        rejected = CounterMetricFamily("diloco_node_updates_rejected", "refused messages and updates",
+                                       labels=["reason"])
+        for reason, n in s["updates_rejected"].items():
+            rejected.add_metric([reason], n)
+        yield rejected
+        outcomes = CounterMetricFamily("diloco_node_ledger_outcomes", "ledger add outcomes", labels=["outcome"])
+        for outcome, n in s["ledger_outcomes"].items():
+            outcomes.add_metric([outcome], n)
+        yield outcomes
+        traffic = self.routes.host.counters.snapshot()["peers"]
+        for direction in ("sent", "recv"):
+            fam = CounterMetricFamily(f"diloco_p2p_{direction}_bytes", f"bytes {direction}, by peer and kind",
+                                      labels=["peer", "kind"])
+            for peer, kinds in traffic.items():
+                for kind, t in kinds.items():
+                    fam.add_metric([peer, kind], t[f"{direction}_bytes"])
+            yield fam
+
+
+class StatusRoutes:
+    """Mounts `GET /status` and `GET /metrics` on the host's HTTP app."""
+
+    def __init__(self, stats: NodeStats, host: Host) -> None:
+        self.stats, self.host = stats, host
+        self.replica: Replica | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    def mount(self) -> None:
+        self.host.http.route("GET", "/status", self.status)
+        self.host.http.route("GET", "/metrics", self.metrics)
+
+    async def status(self, request: Request) -> Response:
+        digests = await self.replica.digests() if self.replica is not None else None
+        body = json.dumps(status_fields(self.stats, self.replica, self.host, digests)).encode()
+        return Response(200, body, {"content-type": "application/json"})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(200, generate_latest(self.registry), {"content-type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,74 @@
+"""Glue between signed update headers, their payload blobs and the ledger.
+
+Outgoing: `make_delta` (Δ = θ_base − θ_local) and `compress` (error feedback → payload + the dequantized Δ
+that every receiver will decode, which the sender adds to its own ledger). Incoming: `accept_hook`
+refuses headers that cannot fit this node's model before any download (the router counts and penalizes);
+`decode_update` turns a fetched payload into float32 deltas, refusing bad ones with a named `Reason`;
+`update_meta` copies the header fields the ledger uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from protocol.compression import ErrorFeedback, decode_tensors
+from protocol.errors import Reason, RemoteProtocolError
+from protocol.ledger import UpdateMeta
+from protocol.messages import Signed, UpdateHeader
+
+__all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def shapes_field(shapes: Shapes) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The `shapes` field of an UpdateHeader: (name, shape) sorted by name (UTF-8 bytes order)."""
+    return tuple((name, tuple(int(d) for d in shapes[name])) for name in sorted(shapes, key=lambda n: n.encode()))
+
+
+def update_meta(signed: Signed) -> UpdateMeta:
+    """The ledger's view of a signed update header (its id is the message id)."""
+    h: UpdateHeader = signed.body
+    return UpdateMeta(update_id=signed.message_id, origin=h.origin, base_slot=h.base_slot,
+                      publish_slot=h.publish_slot, tokens=h.tokens, inner_steps=h.inner_steps)
+
+
+def check_header(header: UpdateHeader, shapes: Shapes) -> None:
+    """Refuse (SHAPE_MISMATCH) a header whose tensors are not exactly this model's."""
+    if header.shapes != shapes_field(shapes):
+        names = [n for n, _ in header.shapes][:3]
+        raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"tensors {names}… do not match the model")
+
+
+def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
+    """For `HostConfig.accept`: refuse update headers for another model before fetching their payload."""
+    expected = shapes_field(shapes)
+
+    def accept(signed: Signed) -> None:
+        body = signed.body
+        if isinstance(body, UpdateHeader) and body.shapes != expected:
+            raise RemoteProtocolError(Reason.SHAPE_MISMATCH,
+                                      f"update {signed.message_id.hex()[:12]} is for another model")
+
+    return accept
+
+
+def decode_update(header: UpdateHeader, blob: Path | bytes, shapes: Shapes) -> dict[str, np.ndarray]:
+    """Float32 deltas of a fetched payload. Raises RemoteProtocolError (SHAPE_MISMATCH, BAD_CODEC,
+    NON_FINITE, MALFORMED) for a payload that does not fit; blocking (file read), run it in a thread."""
+    check_header(header, shapes)
+    data = blob.read_bytes() if isinstance(blob, Path) else blob
+    return decode_tensors(data, header.codec, dict(shapes))
+
+
+def make_delta(base: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The pseudo-gradient Δ = θ_base − θ_local, float32, per tensor."""
+    return {name: np.asarray(base[name] - local[name], dtype=np.float32) for name in base}
+
+
+def compress(feedback: ErrorFeedback, delta: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
+    """(payload, dequantized Δ) with error feedback; the dequantized Δ is what receivers decode."""
+    return feedback.compress(delta)

@@ -1,0 +1,138 @@
+"""Real `diloco-node` processes for the tier (c) tests: start, read stdout lines, poll `/status`, kill.
+
+Every wait is on a condition (a stdout line, a `/status` predicate) with a bounded timeout; on failure the
+message quotes the node's stderr log. Nodes share a persistent JAX compilation cache (under pytest's
+cache directory), so only the first run of the suite pays for compiling the model.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_ID = "node-net-test"
+POLL_S = 0.1
+
+# The tiny preset shrunk further so an inner step takes milliseconds on a busy CPU.
+SMALL_MODEL = ["--set", "seq_len=32", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+               "--set", "batch_size=8", "--set", "lr=1e-2", "--set", "warmup_steps=5"]
+
+
+def node_env(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+               JAX_PLATFORMS="cpu")
+    return env
+
+
+class NodeProc:
+    """One `python -m node.cli` process with its own key and checkpoint directory under `home`."""
+
+    def __init__(self, home: Path, env: dict[str, str], args: list[str]) -> None:
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.args = args
+        self.env = env
+        self.peer_id = self.gossip = self.http = ""
+        self.stdout: list[str] = []
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "stderr.log"
+
+    def start(self) -> None:
+        """(Re)start the process with the same key and checkpoint directory."""
+        cmd = [sys.executable, "-m", "node.cli", "--run-id", RUN_ID, "--key", str(self.home / "key"),
+               "--checkpoint-dir", str(self.home / "ckpt"), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+               *SMALL_MODEL, *self.args]
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                                         env=self.env, cwd=REPO, start_new_session=True)
+        threading.Thread(target=self._read, args=(self.proc, self._lines), daemon=True).start()
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    def log_tail(self, n: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-n:])
+
+    def wait_line(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {prefix!r} line within {timeout} s; log:\n{self.log_tail()}")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"exited ({self.proc.wait()}) before a {prefix!r} line; log:\n{self.log_tail()}")
+            self.stdout.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def wait_listening(self, timeout: float = 120.0) -> None:
+        _, self.peer_id, self.gossip, self.http = self.wait_line("LISTENING ", timeout).split()
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(f"http://{self.http}/status", timeout=10.0).json()
+
+    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited ({self.proc.returncode}) waiting for {what}; log:\n{self.log_tail()}")
+            try:
+                last = self.status()
+            except httpx.HTTPError:
+                last = None
+            if last is not None and predicate(last):
+                return last
+            time.sleep(POLL_S)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; last status {last}; "
+                             f"log:\n{self.log_tail()}")
+
+    def wait_log(self, pattern: str, timeout: float) -> None:
+        """Wait until the stderr log contains the regular expression `pattern`."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.log_path.read_text(errors="replace")):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no /{pattern}/ in the log within {timeout} s:\n{self.log_tail()}")
+            time.sleep(POLL_S)
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s; log:\n{self.log_tail()}") from None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)

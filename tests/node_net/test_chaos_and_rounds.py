@@ -1,0 +1,75 @@
+"""Tier (a)/(b): `POST /chaos` on real loopback hosts (no training), and the round-time pieces behind
+`--adaptive-steps`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import httpx
+import trio
+
+import p2p
+from node.chaos import ChaosRoute, Slowdown
+from node.rounds import PeerRoundClock, ShouldStop
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+
+RUN = "chaos-test"
+
+
+def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
+    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
+                          dial_backoff_max_s=0.2)
+    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
+                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_post_chaos_cuts_a_peer_for_the_given_seconds_then_it_comes_back(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await nursery.start(p2p.run, host_config(tmp_path, "a"))
+            b = await nursery.start(p2p.run, host_config(tmp_path, "b", (a.gossip_addr,)))
+            ChaosRoute(a).mount()
+            await wait_for(lambda: b.peer_id in a.connected_peers(), 10, "the connection")
+            async with httpx.AsyncClient() as client:
+                bad = await client.post(f"{a.http_url}/chaos", json={"block_peers": "x", "seconds": 1})
+                assert bad.status_code == 400
+                ok = await client.post(f"{a.http_url}/chaos", json={"block_peers": [b.peer_id], "seconds": 1.5})
+                assert ok.status_code == 200 and ok.json()["blocked"] == [b.peer_id]
+                assert (await client.get(f"{a.http_url}/blobs/{'0' * 64}")).status_code == 404  # other routes work
+            cut_at = trio.current_time()
+            await wait_for(lambda: b.peer_id not in a.connected_peers(), 5, "the cut")
+            await wait_for(lambda: b.peer_id in a.connected_peers(), 10, "the reconnection")
+            assert trio.current_time() - cut_at >= 1.0, "refused while the block lasted"
+            await b.close()
+            await a.close()
+
+
+def test_peer_round_clock_takes_the_median_of_peers_round_times() -> None:
+    clock = PeerRoundClock()
+    assert clock.target_seconds() is None
+    for t in (0.0, 2.0, 4.0):
+        clock.observe("fast", t)
+    for t in (0.0, 10.0):
+        clock.observe("slow", t)
+    clock.observe("once", 3.0)
+    assert math.isclose(clock.target_seconds(), 6.0)  # median of 2 (fast) and 10 (slow)
+
+
+def test_should_stop_honours_the_budget_but_always_allows_one_step() -> None:
+    stop = ShouldStop(lambda: False, Slowdown(1.0), budget_s=0.0)
+    assert stop() is False, "the first step always runs"
+    assert stop() is True, "then the (zero) budget is spent"
+    unlimited = ShouldStop(lambda: False, Slowdown(1.0), budget_s=None)
+    assert not any(unlimited() for _ in range(100))
+    requested = ShouldStop(lambda: True, Slowdown(1.0), budget_s=None)
+    assert requested() is True, "a stop request ends the round before the next step"

@@ -1,0 +1,85 @@
+"""Tier (b): several node runtimes in one trio process, on loopback, with the real ledger, inner loop and
+p2p host. Two honest nodes, one that also publishes invalid updates (`--misbehave bad-updates`) and one
+that also sends malformed frames (`--misbehave garbage`): the bad traffic is refused and counted under
+named reasons, nobody crashes, and all four stop with equal digests. `/status` and `/metrics` are read
+over HTTP while they train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+
+from node.data import Dataset
+from node.runtime import NodeRuntime
+from node.settings import NodeSettings
+from node.train import InnerLoop
+
+SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
+CONTRACT_FIELDS = {
+    "peer_id", "state", "slot", "round", "inner_steps", "tokens", "loss", "eval_loss", "eval_history", "peers",
+    "bytes_sent", "bytes_received", "updates_applied", "updates_rejected", "ledger_digest", "params_digest",
+    "steps_per_second", "contributed_step_seconds", "started_at", "first_update_at",
+}
+
+
+def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), **extra) -> NodeSettings:
+    return NodeSettings(run_id="inproc", key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
+                        peers=peers, overrides=SMALL, inner_steps=5, max_rounds=4, eval_every=2, eval_batches=1,
+                        heartbeat_s=0.2, drain_timeout_s=30.0, **extra)
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def compile_once(settings: NodeSettings) -> None:
+    """Compile the model's functions once before four nodes start at the same time (they share this
+    process's jit caches; four threads compiling the same functions at once is slow)."""
+    cfg = settings.ml_config("warm-up")
+    dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+    loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
+    loop.run(1)
+    loop.evaluate(dataset.heldout_batches(settings.eval_batches))
+
+
+async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path, jax_persistent_cache) -> None:
+    await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
+    with trio.fail_after(150):
+        async with trio.open_nursery() as nursery:
+            a = NodeRuntime(settings(tmp_path, "a"))
+            await nursery.start(a.run)
+            peers = (a.host.gossip_addr,)
+            others = [NodeRuntime(settings(tmp_path, "b", peers)),
+                      NodeRuntime(settings(tmp_path, "c", peers, misbehave="bad-updates")),
+                      NodeRuntime(settings(tmp_path, "d", peers, misbehave="garbage"))]
+            for node in others:
+                await nursery.start(node.run)
+            await wait_for(lambda: a.stats.round >= 2 and len(a.host.connected_peers()) == 3, 120, "a at round 2")
+            async with httpx.AsyncClient() as client:
+                status = (await client.get(f"{a.host.http_url}/status")).json()
+                metrics = (await client.get(f"{a.host.http_url}/metrics")).text
+            assert CONTRACT_FIELDS <= set(status)
+            assert status["state"] == "training" and status["peer_id"] == a.peer_id and len(status["peers"]) == 3
+            assert len(status["ledger_digest"]) == 64 and len(status["params_digest"]) == 64
+            assert status["inner_steps"] >= 10 and status["tokens"] == status["inner_steps"] * 8 * 32
+            assert "diloco_node_slot " in metrics and "diloco_node_inner_steps_total " in metrics
+            assert 'diloco_node_info{peer_id="' + a.peer_id + '",state="training"} 1.0' in metrics
+    results = {node.peer_id: node.result for node in [a, *others]}
+    assert all(r is not None and r.reason == "max-rounds reached" for r in results.values())
+    # The bad-updates node is graylisted by the honest ones (no gossip to it, not waited for at the end);
+    # the honest nodes, and the one that only sent garbage frames, agree.
+    agreeing = [a, others[0], others[2]]
+    assert len({node.result.line() for node in agreeing}) == 1, results
+    for honest in (a, others[0]):
+        refused = honest.stats.rejections
+        from_host = {r.value: n for r, n in honest.host.counters.rejections.items()}
+        assert refused.get("non_finite", 0) >= 1, "the NaN payload was refused after download"
+        assert from_host.get("shape_mismatch", 0) >= 1, "the wrong-shape header was refused before download"
+        assert from_host.get("malformed", 0) >= 1, "the garbage frames were refused"
+    assert a.stats.updates_published == 4 and a.stats.contributed_step_seconds > 0

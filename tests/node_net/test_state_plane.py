@@ -1,0 +1,135 @@
+"""Tier (b): the state plane between real loopback hosts, with small numpy ledgers (no JAX): a joiner's
+`sync_state` picks and verifies a peer state, and `pull_missing` repairs a replica that missed updates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import numpy as np
+import trio
+
+import p2p
+from node.join import StateServer, sync_state
+from node.repair import pull_missing
+from node.replica import Replica
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+from protocol.ledger import Ledger, LedgerConfig, UpdateMeta
+from protocol.messages import StateManifest
+from protocol.validation import Validator
+
+RUN = "state-test"
+CONFIG = LedgerConfig(window=4)
+SHAPES = {"b": (3,), "w": (4, 4)}
+
+
+def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
+    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
+                          dial_backoff_max_s=0.2)
+    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
+                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+
+
+def fresh_ledger() -> Ledger:
+    return Ledger({n: np.ones(s, np.float32) for n, s in SHAPES.items()}, CONFIG)
+
+
+def update(seed: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    meta = UpdateMeta(update_id=os.urandom(32), origin=f"peer{seed}", base_slot=base, publish_slot=publish,
+                      tokens=100 + seed, inner_steps=5)
+    return meta, {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path) -> None:
+    updates = [update(i, base, pub) for i, (base, pub) in enumerate([(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)])]
+    full, partial = Replica(fresh_ledger()), Replica(fresh_ledger())
+    for i, (meta, deltas) in enumerate(updates):
+        await full.add(meta, {k: v.copy() for k, v in deltas.items()})
+        if i in (0, 3):  # the partial replica missed the others (a partition)
+            await partial.add(meta, {k: v.copy() for k, v in deltas.items()})
+    await full.close_open()
+    await partial.close_open()
+    assert full.set_hash.hex() != partial.set_hash.hex()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            a = await nursery.start(p2p.run, host_config(tmp_path, "a"))
+            b = await nursery.start(p2p.run, host_config(tmp_path, "b", (a.gossip_addr,)))
+            server = StateServer(a)
+            server.mount()
+            server.replica = full
+            await wait_for(lambda: a.peer_id in b.connected_peers(), 10, "the connection")
+            result = await pull_missing(b, partial, RUN, a.peer_id, a.http_addr)
+            assert result is not None and (result.added, result.too_stale) == (3, 0)
+            assert partial.set_hash.hex() == full.set_hash.hex()
+            again = await pull_missing(b, partial, RUN, a.peer_id, a.http_addr)
+            assert again is not None and again.added == 0, "nothing left to pull"
+            await b.close()
+            await a.close()
+    await full.close_known()
+    await partial.close_known()
+    assert partial.slot == full.slot and await partial.digests() == await full.digests()
+
+
+async def test_a_joiner_takes_the_state_two_peers_confirm_and_verifies_it(tmp_path: Path) -> None:
+    replicas = [Replica(fresh_ledger()) for _ in range(3)]
+    shared = [update(i, 0, 0) for i in range(2)]
+    for r in replicas[:2]:  # two peers at slot 1 with the same updates
+        for meta, deltas in shared:
+            await r.add(meta, {k: v.copy() for k, v in deltas.items()})
+        await r.close_open()
+    for meta, deltas in [update(9, 0, 0), update(10, 0, 1)]:  # a third one, fresher but alone
+        await replicas[2].add(meta, deltas)
+    await replicas[2].close_open()
+    await replicas[2].close_open()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            donors = []
+            for i, replica in enumerate(replicas):
+                host = await nursery.start(p2p.run, host_config(tmp_path, f"d{i}"))
+                server = StateServer(host)
+                server.mount()
+                server.replica = replica
+                donors.append(host)
+            joiner = await nursery.start(p2p.run, host_config(tmp_path, "j", tuple(h.gossip_addr for h in donors)))
+            await wait_for(lambda: len(joiner.connected_peers()) == 3, 10, "three connections")
+            async with httpx.AsyncClient() as client:
+                raw = (await client.get(f"{donors[0].http_url}/state")).content
+            signed = Validator(RUN).validate(raw, donors[0].now())
+            assert isinstance(signed.body, StateManifest) and signed.origin == donors[0].peer_id
+            result = await sync_state(joiner, RUN, CONFIG, SHAPES, own=(0, fresh_ledger().ledger_digest()),
+                                      timeout_s=10, retry_s=0.1)
+            assert result is not None and result.choice.confirmed
+            assert set(result.choice.confirmed_by) == {donors[0].peer_id, donors[1].peer_id}
+            assert result.ledger.slot == 1
+            assert (result.ledger.ledger_digest(), result.ledger.params_digest()) == await replicas[0].digests()
+            mine = await replicas[0].digests()
+            kept = await sync_state(joiner, RUN, CONFIG, SHAPES, own=(1, mine[0]), timeout_s=10, retry_s=0.1)
+            assert kept is None, "a node whose state is as fresh keeps its own"
+            for host in [joiner, *donors]:
+                await host.close()
+
+
+async def test_when_every_peer_is_syncing_too_a_node_starts_from_its_own_state(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            other = await nursery.start(p2p.run, host_config(tmp_path, "other"))
+            StateServer(other).mount()  # no replica yet: answers 503
+            me = await nursery.start(p2p.run, host_config(tmp_path, "me", (other.gossip_addr,)))
+            await wait_for(lambda: other.peer_id in me.connected_peers(), 10, "the connection")
+            started = trio.current_time()
+            result = await sync_state(me, RUN, CONFIG, SHAPES, own=(0, fresh_ledger().ledger_digest()),
+                                      timeout_s=15, retry_s=0.1)
+            assert result is None and trio.current_time() - started < 5, "no waiting for the whole timeout"
+            await me.close()
+            await other.close()
