@@ -1,21 +1,36 @@
 """Fetching one blob from one holder over HTTP, verified on arrival.
 
 Contract of `BlobClient.fetch_once(peer, base_url, name, size)`:
-- streams `GET <base_url>/blobs/<name>` into the store's `.part` file while hashing it in a worker
-  thread (the network read and the hash/write overlap; at most `queue_chunks` chunks are buffered);
+- streams `GET <base_url>/blobs/<name>` into the store's `.part` file; a worker thread hashes and
+  writes the bytes while the next ones arrive, and the blob becomes visible only after its SHA-256
+  matched (`BlobWriter.commit`);
 - on success the blob is in the store (verified) and the byte counters say who sent it;
 - a holder that sends the wrong bytes raises `RemoteProtocolError` (HASH_MISMATCH, OVERSIZED,
-  TRUNCATED), one that cannot be reached or answers non-200 raises `TransportError`. Choosing the
-  next holder is the router's decision, not this module's.
+  TRUNCATED, or MALFORMED for a body without a Content-Length), one that cannot be reached, sends no
+  body bytes for `timeout` seconds or answers non-200 raises `TransportError`. Choosing the next
+  holder is the router's decision, not this module's.
 
-httpx reads the socket in 64 KiB pieces by default, which caps a single stream at a few Gbit/s in
-Python. `_LargeReadBackend` (an httpcore network backend, a public extension point) makes each read
-ask for `read_bytes` instead; h11 is indifferent to how much arrives per read.
+The body moves through `queue_chunks` reused buffers of `read_bytes` each, so nothing is allocated
+per chunk and at most `queue_chunks` buffers of one download are in memory:
+
+    socket --recv_into--> free buffer --> sha256 + file write (worker thread) --> free again
+
+Why not iterate the body through httpx (measured with `python -m p2p.bench` on the 2-core development
+VM): h11 and httpcore copy each body byte four times through freshly allocated ~1 MiB objects, and
+glibc returns such blocks to the kernel and faults them in again (130k-220k page faults per GiB);
+that cost about as much CPU as the SHA-256. So the request and the response head go through httpx,
+httpcore and h11 as usual, a `_HeadStream` makes sure h11 gets no byte past the head, and
+`_Body.readinto` reads the Content-Length body straight from the connection's socket. The price:
+httpcore closes that connection instead of reusing it (h11 never saw the end of the body), so each
+download opens its own TCP connection, one more round trip per blob.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpcore
@@ -31,15 +46,37 @@ from protocol.errors import Reason, RemoteProtocolError
 log = logging.getLogger("p2p.blobs")
 
 DEFAULT_READ = 1 << 20
+_BODY = "diloco.body"  # the response extension that carries the `_Body`
 
 
-class _LargeReadStream(httpcore.AsyncNetworkStream):
-    def __init__(self, inner: httpcore.AsyncNetworkStream, read_bytes: int) -> None:
+class _HeadStream(httpcore.AsyncNetworkStream):
+    """httpcore's trio stream, except that a read never returns bytes past the end of a message head.
+
+    Each read peeks at what the socket holds and takes it only up to the first blank line (h11's
+    rule: `\\n\\n` or `\\n\\r\\n`, looking across the previous read's last bytes too). httpcore stops
+    reading once h11 has parsed the response head, so at that point every body byte is still in the
+    socket, and `_Body.readinto` can receive it straight into the caller's buffer. (A body read
+    through h11 instead may come in shorter pieces; it stays correct.)
+    """
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
         self._inner = inner
-        self._read_bytes = read_bytes
+        self._socket = inner.get_extra_info("socket")
+        self._tail = b""  # the last bytes returned since the last head end (at most 2)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max(max_bytes, self._read_bytes), timeout)
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                peeked = await self._socket.recv(max_bytes, socket.MSG_PEEK)
+                end = _head_end(self._tail + peeked)
+                want = len(peeked) if end is None else end - len(self._tail)
+                data = await self._socket.recv(want)
+        except trio.TooSlowError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        self._tail = b"" if end is not None and len(data) == want else (self._tail + data)[-2:]
+        return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         await self._inner.write(buffer, timeout)
@@ -48,33 +85,39 @@ class _LargeReadStream(httpcore.AsyncNetworkStream):
         await self._inner.aclose()
 
     async def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return await self._inner.start_tls(*args, **kwargs)
+        raise httpcore.UnsupportedProtocol("the blob client speaks plain HTTP/1.1")
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
 
 
-class _LargeReadBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self, read_bytes: int) -> None:
+def _head_end(data: bytes) -> int | None:
+    """The index just past the first blank line in `data` (`\\n\\n` or `\\n\\r\\n`), or None."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\n\r\n") if (i := data.find(sep)) >= 0]
+    return min(ends) if ends else None
+
+
+class _HeadStreamBackend(httpcore.AsyncNetworkBackend):
+    def __init__(self) -> None:
         self._inner = httpcore.TrioBackend()
-        self._read_bytes = read_bytes
 
     async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _LargeReadStream(await self._inner.connect_tcp(*args, **kwargs), self._read_bytes)
+        return _HeadStream(await self._inner.connect_tcp(*args, **kwargs))
 
     async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _LargeReadStream(await self._inner.connect_unix_socket(*args, **kwargs), self._read_bytes)
+        return _HeadStream(await self._inner.connect_unix_socket(*args, **kwargs))
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
 
 
 class _PoolTransport(httpx.AsyncBaseTransport):
-    """httpx transport over an httpcore pool that uses `_LargeReadBackend` (public APIs only)."""
+    """httpx transport over an httpcore pool whose connections are `_HeadStream`s (public APIs only).
+    Each response carries its `_Body` in `response.extensions[_BODY]`."""
 
-    def __init__(self, read_bytes: int, max_connections: int) -> None:
+    def __init__(self, max_connections: int) -> None:
         self._pool = httpcore.AsyncConnectionPool(
-            max_connections=max_connections, network_backend=_LargeReadBackend(read_bytes)
+            max_connections=max_connections, network_backend=_HeadStreamBackend()
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -96,22 +139,43 @@ class _PoolTransport(httpx.AsyncBaseTransport):
             raise httpx.TimeoutException(str(exc)) from exc
         except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
             raise httpx.TransportError(str(exc)) from exc
+        network = response.extensions["network_stream"]
+        if not isinstance(network, _HeadStream):
+            raise httpx.TransportError(f"unexpected network stream {type(network).__name__}")
+        body = _Body(response.stream, network, _content_length(response.headers))
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(response.stream),
-            extensions=response.extensions,
+            stream=body,
+            extensions={**response.extensions, _BODY: body},
         )
 
     async def aclose(self) -> None:
         await self._pool.aclose()
 
 
-class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    values = {v.strip() for k, v in headers if k.lower() == b"content-length"}
+    if len(values) != 1 or not next(iter(values)).isdigit():
+        return None  # absent or ambiguous: h11 rejects the ambiguous ones anyway
+    return int(next(iter(values)))
 
-    async def __aiter__(self) -> Any:
+
+class _Body(httpx.AsyncByteStream):
+    """One response body. Iterating it yields the chunks h11 parses (any response).
+
+    `readinto(view)` is the fast path for a Content-Length body, for one reader that uses nothing
+    else: it receives body bytes straight from the socket into the caller's buffer, never past the
+    Content-Length (`_HeadStream` left them all there). `readinto` has no timeout of its own: the
+    caller bounds it. Afterwards httpcore closes the connection (h11 never saw the end of the body).
+    """
+
+    def __init__(self, inner: Any, network: _HeadStream, length: int | None) -> None:
+        self._inner = inner
+        self._socket = network.get_extra_info("socket")
+        self._remaining = length
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
                 yield chunk
@@ -120,12 +184,33 @@ class _ResponseStream(httpx.AsyncByteStream):
         except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
             raise httpx.TransportError(str(exc)) from exc
 
+    async def readinto(self, view: memoryview) -> int:
+        """Fill at most `len(view)` bytes of `view` with body bytes; 0 once the body is complete.
+        A connection that ends or fails early raises httpx.TransportError."""
+        if self._remaining is None:
+            raise RemoteProtocolError(Reason.MALFORMED, "a blob body needs one Content-Length")
+        if not self._remaining or not view:
+            return 0
+        try:
+            n = await self._socket.recv_into(view[: self._remaining])
+        except (OSError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        if n == 0:
+            raise httpx.RemoteProtocolError(f"connection closed with {self._remaining} body bytes to come")
+        self._remaining -= n
+        return n
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
 class BlobClient:
-    """HTTP client for blobs; one per host. Use as `async with BlobClient(...) as client`."""
+    """HTTP client for blobs; one per host. Use as `async with BlobClient(...) as client`.
+
+    `read_bytes`: the size of one download buffer; `queue_chunks`: buffers per download; `timeout`:
+    bounds connecting, the response head and any silence of the holder while the body arrives.
+    Buffers are kept for the next download (at most two downloads' worth).
+    """
 
     def __init__(
         self,
@@ -141,9 +226,12 @@ class BlobClient:
         self.store = store
         self.counters = counters
         self.local_peer = local_peer
-        self.queue_chunks = queue_chunks
+        self.read_bytes = read_bytes
+        self.queue_chunks = max(2, queue_chunks)
+        self.timeout = timeout
+        self._spare: list[bytearray] = []
         self._client = httpx.AsyncClient(
-            transport=_PoolTransport(read_bytes, max_connections),
+            transport=_PoolTransport(max_connections),
             timeout=httpx.Timeout(timeout),
             headers={PEER_HEADER: local_peer},
         )
@@ -166,12 +254,17 @@ class BlobClient:
         self.counters.traffic(peer, Kind.BLOB).recv_frames += 1
 
     async def _download(self, peer: str, url: str, writer: BlobWriter) -> None:
-        send, receive = trio.open_memory_channel[bytes](self.queue_chunks)
+        n = self.queue_chunks
+        buffers = [self._spare.pop() if self._spare else bytearray(self.read_bytes) for _ in range(n)]
+        free_in, free_out = trio.open_memory_channel[bytearray](n)
+        filled_in, filled_out = trio.open_memory_channel[tuple[bytearray, int]](n)
+        for buffer in buffers:
+            free_in.send_nowait(buffer)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_write_chunks, receive, writer)
-                async with send:
-                    await self._stream_into(peer, url, writer.size, send)
+                nursery.start_soon(_hash_and_write, filled_out, writer, free_in)
+                async with filled_in:
+                    await self._receive(peer, url, writer.size, free_out, filled_in)
         except BaseExceptionGroup as group:
             leaf = _single_leaf(group)
             if isinstance(leaf, httpx.HTTPError):
@@ -179,8 +272,17 @@ class BlobClient:
             if isinstance(leaf, RemoteProtocolError | TransportError):
                 raise leaf from None
             raise
+        finally:
+            self._spare.extend(buffers[: 2 * n - len(self._spare)])
 
-    async def _stream_into(self, peer: str, url: str, size: int, send: trio.MemorySendChannel[bytes]) -> None:
+    async def _receive(
+        self,
+        peer: str,
+        url: str,
+        size: int,
+        free: trio.MemoryReceiveChannel[bytearray],
+        filled: trio.MemorySendChannel[tuple[bytearray, int]],
+    ) -> None:
         async with self._client.stream("GET", url) as response:
             if response.status_code != 200:
                 raise TransportError(f"GET {url} answered {response.status_code}", peer=peer)
@@ -188,9 +290,66 @@ class BlobClient:
             if announced is not None and int(announced) != size:
                 reason = Reason.OVERSIZED if int(announced) > size else Reason.TRUNCATED
                 raise RemoteProtocolError(reason, f"content-length {announced}, announced size {size}")
-            async for chunk in response.aiter_raw():
-                self.counters.received(peer, Kind.BLOB, len(chunk), frames=0)
-                await send.send(chunk)
+            body: _Body = response.extensions[_BODY]
+            progress = _Progress(trio.current_time())
+            async with trio.open_nursery() as guard:
+                guard.start_soon(self._stall_guard, progress, url, peer)
+                got = 0
+                while got < size:
+                    buffer = await free.receive()
+                    progress.at = trio.current_time()  # waiting for a free buffer is not the holder's fault
+                    want = min(len(buffer), size - got)
+                    fill = 0
+                    with memoryview(buffer) as view:
+                        while fill < want:
+                            fill += await body.readinto(view[fill:want])
+                            progress.at = trio.current_time()
+                    got += fill
+                    self.counters.received(peer, Kind.BLOB, fill, frames=0)
+                    await filled.send((buffer, fill))
+                guard.cancel_scope.cancel()
+
+    async def _stall_guard(self, progress: _Progress, url: str, peer: str) -> None:
+        """Fail the download once no body bytes arrived for `timeout` seconds. (One sleeping task per
+        download: a deadline moved on every read costs ~30 us of trio bookkeeping per read.)"""
+        while trio.current_time() < progress.at + self.timeout:
+            await trio.sleep_until(progress.at + self.timeout)
+        raise TransportError(f"GET {url}: ReadTimeout: no body bytes for {self.timeout} s", peer=peer)
+
+
+class _Progress:
+    """When the download last made progress (trio time)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+async def _hash_and_write(
+    filled: trio.MemoryReceiveChannel[tuple[bytearray, int]],
+    writer: BlobWriter,
+    free: trio.MemorySendChannel[bytearray],
+) -> None:
+    """Hash and write filled buffers in order in a worker thread (everything queued in one thread
+    hop: a hop costs ~0.25 ms of CPU on the development VM), then hand the buffers back."""
+    async with filled:
+        async for item in filled:
+            batch = [item]
+            while True:
+                try:
+                    batch.append(filled.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await trio.to_thread.run_sync(_write_batch, writer, batch)
+            for buffer, _ in batch:
+                free.send_nowait(buffer)
+
+
+def _write_batch(writer: BlobWriter, batch: list[tuple[bytearray, int]]) -> None:
+    for buffer, filled in batch:
+        with memoryview(buffer) as whole, whole[:filled] as view:
+            writer.write(view)
 
 
 def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
@@ -204,23 +363,3 @@ def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
         else:
             leaves.append(exc)
     return leaves[0] if len(leaves) == 1 else None
-
-
-async def _write_chunks(receive: trio.MemoryReceiveChannel[bytes], writer: BlobWriter) -> None:
-    """Hash and write chunks in a worker thread, taking everything queued in one thread hop."""
-    async with receive:
-        async for chunk in receive:
-            batch = [chunk]
-            while True:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            await trio.to_thread.run_sync(_write_batch, writer, batch)
-
-
-def _write_batch(writer: BlobWriter, batch: list[bytes]) -> None:
-    for chunk in batch:
-        writer.write(chunk)
-
-

@@ -1,10 +1,12 @@
 """Serving blobs over HTTP: `GET /blobs/<hex>` streams a verified blob from the store.
 
 Contract: only complete, verified blobs are served (the store never exposes part files); the body
-is read from disk in `chunk_bytes` pieces in a worker thread, so a large blob is never held whole in
-memory and the trio loop never blocks on the disk. A client may name itself with the `x-diloco-peer`
-header; that name is used for the byte counters only (it is not authenticated, and need not be:
-the content is verified by hash).
+is read from disk with `os.pread` in `chunk_bytes` pieces in a worker thread, so a large blob is never
+held whole in memory and the trio loop never blocks on the disk; `p2p.http` reads the next piece
+while hypercorn sends this one. Each piece is a fresh `bytes` (hypercorn passes `bytes` bodies to the
+socket without copying; a reused `bytearray` would be copied once more). A client may name itself
+with the `x-diloco-peer` header; that name is used for the byte counters only (it is not
+authenticated, and need not be: the content is verified by hash).
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ The node's HTTP plane: `GET /blobs/<hex>` (see `p2p.blobserve`) plus whatever th
 Contract:
 - Routes match on (method, path prefix); the longest matching prefix wins. Unknown paths get 404.
 - A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
-  `more_body`, so large bodies never sit in memory whole).
+  `more_body`, so large bodies never sit in memory whole). A streamed body is pulled by its own
+  task, one chunk ahead of the socket (the next chunk is read, e.g. from disk, while this one is
+  sent; more read-ahead only cost CPU: more large blocks in flight for the allocator to recycle).
+  When the client disconnects, the body is no longer pulled, and an async generator body is
+  closed (`aclose`) whether it finished, failed or was cut off.
 - The app answers the ASGI lifespan protocol (hypercorn requires it).
 - `serve_http` is a trio service: `await nursery.start(serve_http, app, host, port)` returns the
   bound `(host, port)`; cancelling the nursery stops the server.
@@ -14,8 +18,9 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +91,7 @@ class HttpApp:
         )
         handler = self._find(request.method, request.path)
         response = Response.text(404, "not found\n") if handler is None else await handler(request)
-        await _send_response(send, response)
+        await _send_response(send, receive, response)
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
@@ -99,7 +104,7 @@ async def _lifespan(receive: Any, send: Any) -> None:
             return
 
 
-async def _send_response(send: Any, response: Response) -> None:
+async def _send_response(send: Any, receive: Any, response: Response) -> None:
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
     body = response.body
     if isinstance(body, bytes | bytearray | memoryview):
@@ -110,9 +115,34 @@ async def _send_response(send: Any, response: Response) -> None:
     if response.content_length is not None:
         headers.append((b"content-length", str(response.content_length).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    async for chunk in body:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    chunks_in, chunks_out = trio.open_memory_channel[bytes](0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_produce, body, chunks_in)
+        nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+        async with chunks_out:
+            async for chunk in chunks_out:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        nursery.cancel_scope.cancel()  # done: stop watching
+
+
+async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
+    """Hypercorn drops what an app sends after the client left; stop producing the body instead."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _produce(body: AsyncIterator[bytes], out: trio.MemorySendChannel[bytes]) -> None:
+    """Pull a streamed body into `out` (unbuffered: one chunk is read while the last one is sent).
+    An async generator body is closed here, even when cancelled."""
+    async with out, _closing(body):
+        async for chunk in body:
+            await out.send(chunk)
+
+
+def _closing(body: AsyncIterator[bytes]) -> contextlib.AbstractAsyncContextManager[object]:
+    return contextlib.aclosing(body) if isinstance(body, AsyncGenerator) else contextlib.nullcontext()
 
 
 def _hypercorn_config(host: str, port: int) -> HypercornConfig:

@@ -1,0 +1,189 @@
+"""Tier (b): the blob plane's fast paths on loopback.
+
+The client lets h11 parse the response head and then reads the body straight from the socket
+(`_HeadStream`, `_Body.readinto`); these tests pin that against a hand-driven HTTP/1.1 server that cuts
+the response into TCP writes wherever it likes (inside the blank line that ends the head too), and
+check that a server's streamed body stops when its client goes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from p2p.blobfetch import BlobClient, _HeadStream
+from p2p.blobstore import BlobStore, blob_hex
+from p2p.counters import Counters, Kind
+from p2p.errors import TransportError
+from p2p.http import HttpApp, Request, Response, serve_http
+from protocol.errors import Reason, RemoteProtocolError
+
+
+async def serve_split(
+    nursery: trio.Nursery, head: bytes, body: bytes, cuts: Sequence[int], *, then_stall: bool = False
+) -> str:
+    """A one-shot HTTP server: reads the request head, then sends `head + body` as separate writes
+    cut at the offsets `cuts` (into the whole response), then closes (or stalls)."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+
+    async def one(stream: trio.SocketStream) -> None:
+        async with stream:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += await stream.receive_some(4096)
+            whole = head + body
+            edges = [0, *sorted(cuts), len(whole)]
+            for a, b in zip(edges, edges[1:], strict=False):
+                if b > a:
+                    await stream.send_all(whole[a:b])
+                    await trio.sleep(0)
+            if then_stall:
+                await trio.sleep_forever()
+
+    async def accept_once() -> None:
+        async with listener:
+            stream = await listener.accept()
+            await one(stream)
+
+    nursery.start_soon(accept_once)
+    port = listener.socket.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class _SocketOnly:
+    """Just the part of an httpcore network stream that `_HeadStream` reads through: its socket."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, info: str) -> object:
+        assert info == "socket"
+        return self.sock
+
+
+async def test_a_head_read_stops_at_the_blank_line_even_across_reads() -> None:
+    a, b = trio.socket.socketpair()
+    with a, b:
+        stream = _HeadStream(_SocketOnly(a))  # type: ignore[arg-type]
+        await b.send(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r")
+        assert await stream.read(65536) == b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r"
+        await b.send(b"\nhello")
+        assert await stream.read(65536) == b"\n"  # the head ends here; the body stays in the socket
+        assert await a.recv(100) == b"hello"
+        await b.send(b"HTTP/1.1 200 OK\n\nbody\n\nmore")  # h11 also ends a head at a bare LF LF
+        assert await stream.read(65536) == b"HTTP/1.1 200 OK\n\n"
+
+
+def ok_head(length: int | None) -> bytes:
+    lines = [b"HTTP/1.1 200 OK", b"content-type: application/octet-stream"]
+    if length is not None:
+        lines.append(b"content-length: %d" % length)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("read_bytes", "where"),
+    [
+        (1 << 20, "head alone, then the body"),
+        (1 << 20, "head with the first body bytes"),
+        (1 << 20, "everything in one write"),
+        (4096, "head with more body than one buffer"),
+        (4096, "many small writes"),
+        (1 << 20, "the blank line cut after CR LF CR"),
+        (1 << 20, "the blank line cut after CR LF"),
+        (1 << 20, "the blank line cut after CR"),
+        (4096, "byte by byte"),
+    ],
+)
+async def test_a_body_arrives_whole_however_the_writes_are_cut(tmp_path: Path, read_bytes: int, where: str) -> None:
+    body = os.urandom(100_000)
+    head = ok_head(len(body))
+    cuts = {
+        "head alone, then the body": [len(head)],
+        "head with the first body bytes": [len(head) + 777],
+        "everything in one write": [],
+        "head with more body than one buffer": [len(head) + 3 * 4096 + 5],
+        "many small writes": list(range(7, len(head) + len(body), 999)),
+        "the blank line cut after CR LF CR": [len(head) - 1],
+        "the blank line cut after CR LF": [len(head) - 2],
+        "the blank line cut after CR": [len(head) - 3],
+        "byte by byte": list(range(1, len(head) + 64)),
+    }[where]
+    store = BlobStore(tmp_path)
+    counters = Counters()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url = await serve_split(nursery, head, body, cuts)
+            async with BlobClient(store, counters, local_peer="B", read_bytes=read_bytes, queue_chunks=2) as client:
+                await client.fetch_once("A", url, blob_hex(body), len(body))
+    assert store.read(blob_hex(body)) == body
+    assert counters.traffic("A", Kind.BLOB).recv_bytes == len(body)
+
+
+async def test_a_body_without_content_length_is_refused(tmp_path: Path) -> None:
+    body = os.urandom(5000)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url = await serve_split(nursery, ok_head(None), body, [])
+            async with BlobClient(BlobStore(tmp_path), Counters(), local_peer="B") as client:
+                with pytest.raises(RemoteProtocolError) as err:
+                    await client.fetch_once("A", url, blob_hex(body), len(body))
+    assert err.value.reason is Reason.MALFORMED
+    assert list(tmp_path.glob("*.part")) == []
+
+
+async def test_a_body_cut_short_is_a_transport_error(tmp_path: Path) -> None:
+    body = os.urandom(300_000)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url = await serve_split(nursery, ok_head(len(body)), body[:200_000], [1000])
+            async with BlobClient(BlobStore(tmp_path), Counters(), local_peer="B", read_bytes=65536) as client:
+                with pytest.raises(TransportError, match="body bytes to come"):
+                    await client.fetch_once("A", url, blob_hex(body), len(body))
+    assert list(tmp_path.glob("*.part")) == []
+
+
+async def test_a_stalled_body_times_out(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    body = os.urandom(300_000)
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            url = await serve_split(nursery, ok_head(len(body)), body[:200_000], [50_000], then_stall=True)
+            async with BlobClient(BlobStore(tmp_path), Counters(), local_peer="B", timeout=5.0) as client:
+                t0 = trio.current_time()
+                with pytest.raises(TransportError, match="ReadTimeout"):
+                    await client.fetch_once("A", url, blob_hex(body), len(body))
+                assert 5.0 <= trio.current_time() - t0 < 6.0
+            nursery.cancel_scope.cancel()
+    assert list(tmp_path.glob("*.part")) == []
+
+
+async def test_a_streamed_body_is_closed_when_the_client_goes_away() -> None:
+    closed = trio.Event()
+    sent: list[int] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            for i in range(1000):
+                sent.append(i)
+                yield bytes(1 << 20)
+        finally:
+            closed.set()
+
+    async def endless(request: Request) -> Response:
+        return Response(200, chunks(), content_length=1000 << 20)
+
+    app = HttpApp()
+    app.route("GET", "/endless", endless)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            async with httpx.AsyncClient() as client, client.stream("GET", f"http://{host}:{port}/endless") as response:
+                assert response.status_code == 200  # leave with the body unread: the connection closes
+            await closed.wait()
+            nursery.cancel_scope.cancel()
+    assert len(sent) < 1000
