@@ -1,0 +1,332 @@
+"""`diloco-testnet`: N `diloco-node` processes on this machine, chaos from a seeded plan, the
+data-parallel baseline, and a report.
+
+    diloco-testnet                                   # 3 nodes, tiny model, 2 minutes, baseline, report
+    diloco-testnet --nodes 6 --minutes 5 --kill-every 30 --downtime 15
+    diloco-testnet --slow 2:4 --partition 40:60:0 --misbehave 1:garbage --wan 2gbit,30ms
+
+Stages, each cleaning up after itself (also on Ctrl-C or SIGTERM): optional solo run (overlap), the
+testnet (supervisor + live progress), the baseline (child process), the report (`report.md`,
+`report.json`, `loss.png` in the run directory). `run_testnet(options)` is the same thing for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from testnet.baseline_run import baseline_argv, baseline_steps, run_baseline_child
+from testnet.faults import FaultPlan, PlanError, make_plan, parse_misbehave, parse_partition, parse_slow
+from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
+from testnet.procs import GroupRegistry, NodeStartError
+from testnet.progress import Progress
+from testnet.record import Recorder, RunMeta, load_run
+from testnet.report import to_markdown, write_report
+from testnet.supervisor import ArgvBuilder, ChaosPartitioner, NetnsPartitioner, Supervisor
+from testnet.timeline import Timeline
+from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
+
+__all__ = ["Options", "build_plan", "main", "parse_args", "run_testnet"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything `diloco-testnet` can be told (see `--help`)."""
+
+    nodes: int = 3
+    minutes: float = 2.0
+    model: str = "tiny"
+    inner_steps: int = 20
+    compression: str | None = None
+    data: tuple[str, ...] = ()
+    seed: int = 0
+    eval_every: int = 2
+    eval_batches: int = 4
+    rounds: int | None = None
+    kill_every: float = 0.0
+    downtime: float = 15.0
+    first_kill: float | None = None
+    settle: float | None = None
+    slow: tuple[str, ...] = ()
+    partition: tuple[str, ...] = ()
+    misbehave: tuple[str, ...] = ()
+    wan: str | None = None
+    baseline: bool = True
+    solo_seconds: float = 0.0
+    out: Path = Path("runs")
+    progress: str = "auto"
+    start_timeout: float = 180.0
+    stop_grace: float = 20.0
+    poll_interval: float = 1.0
+    node_args: tuple[str, ...] = ()
+    jax_cache: str = "auto"
+    plan_only: bool = False
+
+    def jax_cache_dir(self) -> Path | None:
+        """Where the nodes share JAX's compilation cache (`auto`: OUT/jax-cache; `none`: no cache)."""
+        if self.jax_cache == "none":
+            return None
+        return self.out / "jax-cache" if self.jax_cache == "auto" else Path(self.jax_cache)
+
+
+def build_plan(o: Options) -> FaultPlan:
+    """The run's fault plan from the options (deterministic in `o.seed`). Raises PlanError."""
+    slow = dict(parse_slow(s) for s in o.slow)
+    misbehave = dict(parse_misbehave(m) for m in o.misbehave)
+    return make_plan(nodes=o.nodes, duration=o.minutes * 60, seed=o.seed, kill_every=o.kill_every,
+                     downtime=o.downtime, first_kill=o.first_kill, settle=o.settle,
+                     partitions=[parse_partition(p, o.nodes) for p in o.partition], slow=slow, misbehave=misbehave)
+
+
+def _param_count(model: str) -> int:
+    from node.config import preset
+    from node.model import param_count
+
+    return param_count(preset(model).model)
+
+
+def _new_run_dir(out: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = out / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run directory under {out}")
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: FaultPlan, o: Options, meta: RunMeta, *,
+                     progress: Progress, registry: GroupRegistry, bootstrap: bool = True,
+                     network: WanNetwork | None = None) -> None:
+    """Run one supervised testnet; `run.json` (with `meta`'s launch and end times, and `interrupted`)
+    is written however it ends."""
+    recorder = Recorder(run_dir)
+    sup = Supervisor(specs, argv_for, recorder, env=node_env(o.jax_cache_dir()), start_timeout=o.start_timeout,
+                     stop_grace=o.stop_grace, poll_interval=o.poll_interval,
+                     partitioner=NetnsPartitioner(network) if network else ChaosPartitioner(),
+                     allows=network.allows if network else is_loopback, registry=registry,
+                     notify=progress.notify, on_poll=progress.refresh, bootstrap=bootstrap)
+    try:
+        with progress:
+            await sup.run(plan)
+    except BaseException:
+        meta.interrupted = True
+        raise
+    finally:
+        recorder.close()
+        meta.t_launch, meta.t_end = sup.t0, sup.t_end
+        (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
+
+
+async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry) -> list[float]:
+    """Every node alone (no peers), all at once so the machine is as loaded as in the testnet; returns
+    their inner steps/s while training."""
+    solo_dir = run_dir / "solo"
+    specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
+    plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
+    (solo_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
+    _say(f"solo run: {o.nodes} isolated nodes for {o.solo_seconds:g} s (for the overlap figure)")
+    meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs])
+    await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
+                     registry=registry, bootstrap=False)
+    tl = Timeline(load_run(solo_dir))
+    rates = []
+    for node in range(o.nodes):
+        pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
+        if sum(p[1] for p in pairs) > 0:
+            rates.append(sum(p[0] for p in pairs) / sum(p[1] for p in pairs))
+    return rates
+
+
+async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry | None = None) -> Path:
+    """Run every stage (see module doc) and return the run directory.
+
+    `argv_builder(specs)` may replace the `diloco-node` command line (tests); it returns an `ArgvBuilder`.
+    Every process started is registered in `registry` (for a last-resort `kill_all_now`).
+    Raises PlanError, NodeStartError, WanError or RuntimeError with a message for the user.
+    """
+    registry = GroupRegistry() if registry is None else registry
+    plan = build_plan(o)
+    for line in plan.describe():
+        _say(line)
+    if o.plan_only:
+        return Path()
+    run_dir = _new_run_dir(o.out)
+    _say(f"run directory: {run_dir}")
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+    network: WanNetwork | None = None
+    wan_desc = "off"
+    try:
+        if o.wan is not None:
+            spec = LinkSpec.parse(o.wan)
+            support = probe(spec)
+            if support.available:
+                network = WanNetwork(o.nodes, spec, support.qdisc or "netem")
+                network.setup()
+                wan_desc = f"{spec} per node ({support.reason}); subnet {network.subnet}"
+                _say(f"WAN emulation: {wan_desc}")
+            else:
+                _say(f"WAN emulation off: {support.reason}; running on loopback")
+                wan_desc = f"off ({support.reason})"
+        settings = NodeSettings(run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps,
+                                eval_every=o.eval_every, eval_batches=o.eval_batches, max_rounds=o.rounds,
+                                seed=o.seed, data=o.data, compression=o.compression,
+                                allow_chaos=bool(plan.partitions) and network is None, extra_args=o.node_args)
+
+        def default_builder(specs: list) -> ArgvBuilder:
+            return lambda spec, gp, hp, peers: node_argv(spec, settings, gossip_port=gp, http_port=hp, peers=peers)
+
+        builder = argv_builder or default_builder
+        solo_rates = await _solo(o, run_dir, builder, registry) if o.solo_seconds > 0 else None
+        specs = prepare_nodes(run_dir, o.nodes, o.seed,
+                              hosts=[network.host(i) for i in range(o.nodes)] if network else None,
+                              exec_prefixes=[network.exec_prefix(i) for i in range(o.nodes)] if network else None,
+                              slow=dict(plan.slow), misbehave=dict(plan.misbehave))
+        meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs],
+                       wan=wan_desc, data=list(o.data), compression=o.compression, seed=o.seed,
+                       extra={"param_count": _param_count(o.model), "options": _jsonable(o)})
+        if solo_rates is not None:
+            (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": solo_rates}))
+        await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
+                         registry=registry, network=network)
+    finally:
+        if network is not None:
+            for error in network.teardown():
+                _say(f"warning: WAN cleanup: {error}")
+    if o.baseline:
+        await _baseline(o, run_dir, meta, registry)
+    fig = write_report(run_dir)
+    _say(to_markdown(fig))
+    _say(f"report: {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'loss.png'}")
+    return run_dir
+
+
+async def _baseline(o: Options, run_dir: Path, meta: RunMeta, registry: GroupRegistry) -> None:
+    tokens = Timeline(load_run(run_dir)).total_at("tokens", meta.t_end)
+    steps = baseline_steps(tokens, o.nodes, o.model)
+    _say(f"data-parallel baseline: {o.nodes} workers, {steps} synchronous steps ({tokens:,.0f} tokens, as the nodes)")
+    argv = baseline_argv(model=o.model, data=o.data, seed=o.seed, steps=steps, shard_keys=meta.peer_ids,
+                         out=run_dir / "baseline.json", eval_batches=o.eval_batches)
+    await run_baseline_child(argv, run_dir / "baseline.log", registry)
+
+
+def _jsonable(o: Options) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(o).items()}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(
+        prog="diloco-testnet", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run N diloco nodes on this machine with chaos from a seeded plan, the synchronous "
+                    "data-parallel baseline on the same data, and write a report (table, JSON, loss plot).",
+        epilog="Times in --partition and the plan count from the first node's launch. Ctrl-C stops every "
+               "node cleanly. Results go to OUT/<timestamp>/ (node logs, status time series, report).")
+    a = p.add_argument
+    a("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
+    a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
+    a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
+    a("--compression", choices=("fp32", "bf16", "int8", "int4"), help="pseudo-gradient codec (default: the node's)")
+    a("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable; default: "
+                                                  "the embedded corpus)")
+    a("--seed", type=int, default=0, help="seed of the fault plan and the node keys (default 0)")
+    a("--eval-every", type=int, default=2, help="held-out evaluation every N rounds on each node (default 2)")
+    a("--eval-batches", type=int, default=4, help="fixed held-out batches per evaluation, nodes and baseline "
+                                                  "alike (default 4)")
+    a("--rounds", type=int, metavar="R", help="every node stops by itself after R rounds, first waiting for its "
+                                              "peers (drain), so the run ends quiescent with equal digests; "
+                                              "--minutes is then an upper bound (default: run --minutes)")
+    a("--kill-every", type=float, default=0.0, metavar="T",
+      help="SIGKILL a random running node every T seconds (0 = never; default 0)")
+    a("--downtime", type=float, default=15.0, metavar="D", help="restart a killed node after D seconds (default 15)")
+    a("--first-kill", type=float, metavar="T0", help="time of the first kill (default: T)")
+    a("--settle", type=float, metavar="S", help="no restart in the last S seconds, so the run ends quiet "
+                                                "(default: 20%% of the run, 10..60 s)")
+    a("--slow", action="append", default=[], metavar="NODE:FACTOR",
+      help="make NODE's inner steps FACTOR times slower, like older hardware (repeatable)")
+    a("--partition", action="append", default=[], metavar="START:END:A[/B]",
+      help="cut nodes A (comma-separated) off from B (default: all others) from START to END seconds (repeatable)")
+    a("--misbehave", action="append", default=[], metavar="NODE[:MODE]",
+      help="NODE sends malformed frames (garbage) or invalid updates (bad-updates, default) (repeatable)")
+    a("--wan", nargs="?", const="2gbit,30ms", metavar="RATE,DELAY,LOSS",
+      help="each node in its own network namespace with an emulated link (default 2gbit,30ms; delay is one-way); "
+           "needs root and iproute2, otherwise says why and runs on loopback")
+    a("--baseline", action=argparse.BooleanOptionalAction, default=True,
+      help="also train the data-parallel baseline on the same tokens (default on)")
+    a("--solo-seconds", type=float, default=0.0, metavar="S",
+      help="first run every node alone for S seconds, for the overlap figure (default 0 = skip)")
+    a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")
+    a("--progress", choices=("auto", "rich", "plain", "quiet"), default="auto",
+      help="live table (rich), periodic lines (plain), events only (quiet); auto = rich on a terminal")
+    a("--start-timeout", type=float, default=180.0, help="seconds a node may take to print LISTENING (default 180)")
+    a("--stop-grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL at the end (default 20)")
+    a("--poll-interval", type=float, default=1.0, help="seconds between /status polls (default 1)")
+    a("--node-arg", action="append", default=[], metavar="ARG", help="extra argument for every node (repeatable)")
+    a("--jax-cache", default="auto", metavar="DIR",
+      help="JAX compilation cache shared by the nodes, so restarts skip compiling (default auto = OUT/jax-cache; "
+           "none = off)")
+    a("--plan-only", action="store_true", help="print the fault plan and exit")
+    ns = p.parse_args(argv)
+    if ns.nodes < 1 or ns.minutes <= 0 or ns.inner_steps < 1 or ns.eval_batches < 1:
+        p.error("--nodes, --inner-steps and --eval-batches must be >= 1 and --minutes > 0")
+    if ns.rounds is not None and ns.rounds < 1:
+        p.error("--rounds must be >= 1")
+    data = tuple(d for item in ns.data for d in item.split(",") if d)
+    return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
+                   compression=ns.compression, data=data, seed=ns.seed, eval_every=ns.eval_every,
+                   eval_batches=ns.eval_batches, rounds=ns.rounds, jax_cache=ns.jax_cache,
+                   kill_every=ns.kill_every, downtime=ns.downtime, first_kill=ns.first_kill, settle=ns.settle,
+                   slow=tuple(ns.slow), partition=tuple(ns.partition), misbehave=tuple(ns.misbehave), wan=ns.wan,
+                   baseline=ns.baseline, solo_seconds=ns.solo_seconds, out=ns.out, progress=ns.progress,
+                   start_timeout=ns.start_timeout, stop_grace=ns.stop_grace, poll_interval=ns.poll_interval,
+                   node_args=tuple(ns.node_arg), plan_only=ns.plan_only)
+
+
+def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:
+    """Entry point of `diloco-testnet`. Exit status: 0 done, 2 bad flags or failed start, 130 interrupted.
+    `argv_builder` as in `run_testnet` (tests)."""
+    options = parse_args(argv)
+    # SIGTERM/SIGHUP become SIGINT, which trio turns into KeyboardInterrupt at a safe point. SIGINT gets
+    # Python's own handler first: a shell starts background jobs with SIGINT ignored, and then neither
+    # Ctrl-C nor the forwarded SIGTERM would stop the testnet.
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    previous.update({sig: signal.signal(sig, lambda s, f: os.kill(os.getpid(), signal.SIGINT))
+                     for sig in (signal.SIGTERM, signal.SIGHUP)})
+    registry = GroupRegistry()
+    try:
+        trio.run(functools.partial(run_testnet, options, argv_builder=argv_builder, registry=registry))
+    except KeyboardInterrupt:
+        print("interrupted: every node was stopped; records are in the run directory "
+              "(`python -m testnet.report RUN_DIR` makes a report from them)", file=sys.stderr)
+        return 130
+    except (PlanError, NodeStartError, WanError, ValueError, RuntimeError) as e:
+        print(f"diloco-testnet: {e}", file=sys.stderr)
+        return 2
+    finally:
+        leftover = registry.kill_all_now()  # only if cleanup itself was interrupted (a second Ctrl-C)
+        if leftover:
+            print(f"killed {len(leftover)} leftover process group(s)", file=sys.stderr)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

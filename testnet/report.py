@@ -1,0 +1,306 @@
+"""The end-of-run report: goodput, communication ratio, overlap, replica agreement, rejections, join
+times and held-out loss, for the testnet and for the synchronous data-parallel baseline.
+
+`compute(record)` is pure (a `RunRecord` in, a JSON-ready dict out); `write_report(run_dir)` loads
+the run directory and writes `report.json`, `report.md` and `loss.png`. Definitions (DESIGN.md):
+
+- goodput: Σ over nodes and processes of `contributed_step_seconds` earned inside the window ÷
+  (nodes × window), the window running from when every node first reported `training` (start-up of
+  the job is excluded, for both systems) to the stop. Downtime and restarts count as allocated.
+  `from_launch` counts from each node's first launch instead.
+- data-parallel goodput under the same plan: every failure stalls all workers from the kill until the
+  failed node trains again (times measured in this run), a partition stalls everyone, and a step lasts
+  as long as the slowest worker's: (1 − stalled/window) × Σ factor / (N × max factor). This is an upper
+  bound for data-parallel (no start-up, lost work, or all-reduce time).
+- communication ratio: ring all-reduce bytes per step `2 (N−1)/N · 4 · params` ÷ the honest nodes'
+  bytes sent per inner step (transport counters). Higher is better.
+- overlap: honest, not-slowed nodes' inner steps/s while training in the network ÷ the same nodes
+  training alone (`solo` run, same machine load); absent without a solo run.
+- replica agreement, by digest (the node does not expose its parameters): no ledger digest was ever
+  seen with two different parameter digests, and either every honest node finished its `--max-rounds`
+  (drained) with the same STOPPED digests (`finished_equal`, exact quiescence), or, in a run that ends
+  by SIGTERM while training, every pair of honest nodes was seen holding the same ledger digest after
+  the last fault.
+- join time: `first_update_at − started_at` per process; recovery: first update after a restart − kill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from testnet.faults import merge_intervals
+from testnet.record import RunRecord, load_run
+from testnet.timeline import Timeline, clip_length
+
+__all__ = ["compute", "dp_bytes_per_step", "main", "stretch", "to_markdown", "write_report"]
+
+
+def dp_bytes_per_step(nodes: int, params: int) -> float:
+    """Bytes each worker sends per step in a ring all-reduce of fp32 gradients."""
+    return 2 * (nodes - 1) / nodes * 4 * params
+
+
+def stretch(compute_s: float, start: float, stalls: list[tuple[float, float]]) -> float:
+    """The wall time at which `compute_s` seconds of work started at `start` finish, if no work happens
+    during `stalls`."""
+    t, remaining = start, compute_s
+    for a, b in merge_intervals(stalls):
+        if b <= t:
+            continue
+        if a > t:
+            if remaining <= a - t:
+                return t + remaining
+            remaining -= a - t
+        t = max(t, b)
+    return t + remaining
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _goodput(tl: Timeline, start: float) -> tuple[float, list[float]]:
+    end, per_node = tl.t_end, []
+    for node in range(tl.meta.nodes):
+        earned = 0.0
+        for inc in tl.of(node):
+            earned += inc.value("contributed_step_seconds") - inc.value_at("contributed_step_seconds", start)
+        per_node.append(earned / (end - start) if end > start else 0.0)
+    return (sum(per_node) / len(per_node) if per_node else 0.0), per_node
+
+
+def _node_rates(tl: Timeline, key: str, nodes: tuple[int, ...]) -> dict[int, float]:
+    rates = {}
+    for node in nodes:
+        pairs = [inc.rate(key) for inc in tl.of(node)]
+        amount, seconds = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        if seconds > 0:
+            rates[node] = amount / seconds
+    return rates
+
+
+def _agreement(tl: Timeline, honest: tuple[int, ...]) -> dict[str, Any]:
+    params_of: dict[str, set[str]] = {}
+    holders: dict[str, set[int]] = {}
+    restarted_ready = [inc.ready_at for inc in tl.incs.values() if inc.inc > 0 and inc.ready_at is not None]
+    quiet = max([tl.t_launch + tl.plan.all_up_after()] + restarted_ready)
+    for (node, _), inc in tl.incs.items():
+        if node not in honest:
+            continue
+        for t, status in inc.samples:
+            ledger, params = status.get("ledger_digest"), status.get("params_digest")
+            if not (isinstance(ledger, str) and isinstance(params, str)):
+                continue
+            params_of.setdefault(ledger, set()).add(params)
+            if t >= quiet:
+                holders.setdefault(ledger, set()).add(node)
+    conflicts = sum(len(p) > 1 for p in params_of.values())
+    pairs = list(itertools.combinations(honest, 2))
+    met = [p for p in pairs if any(p[0] in h and p[1] in h for h in holders.values())]
+    final_slots = {}
+    for node in honest:
+        incs = [inc for inc in tl.of(node) if inc.samples]
+        slot = incs[-1].last.get("slot") if incs else None
+        final_slots[node] = slot if isinstance(slot, int) else None
+    # Nodes that finished their rounds drained first (node.drain): their STOPPED digests must be equal.
+    lasts = [tl.of(node)[-1] for node in honest if tl.of(node)]
+    finished = len(lasts) == len(honest) and all(inc.finished and inc.stopped for inc in lasts)
+    stopped_equal = len({inc.stopped[1:] for inc in lasts if inc.stopped}) == 1 if finished else None
+    observed_ok = conflicts == 0 and bool(params_of)
+    return {"method": "digests (parameters are not exposed by the node)", "ledgers_seen": len(params_of),
+            "conflicts": conflicts, "consistent": observed_ok,
+            "quiet_from_s": _round(quiet - tl.t_launch, 2), "pairs": len(pairs), "pairs_met_after_quiet": len(met),
+            "finished_equal": stopped_equal,
+            "ok": observed_ok and (stopped_equal if stopped_equal is not None else len(met) == len(pairs)),
+            "final_slots": final_slots}
+
+
+def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool]:
+    """Join and recovery times per process; rejoined = every restarted process that was not itself
+    killed published an update (one killed again before it could join is listed with join_s None)."""
+    rows, rejoined = [], True
+    for (node, i), inc in tl.incs.items():
+        started, first = inc.last.get("started_at"), inc.last.get("first_update_at")
+        ok = isinstance(first, (int, float)) and isinstance(started, (int, float))
+        prev = tl.incs.get((node, i - 1))
+        recovery = (first - prev.killed_at) if ok and prev is not None and prev.killed_at is not None else None
+        rows.append({"node": node, "process": i, "join_s": _round(first - started, 2) if ok else None,
+                     "recovery_s": _round(recovery, 2), "killed": inc.killed_at is not None})
+        if i > 0 and not ok and inc.killed_at is None:
+            rejoined = False
+    return rows, rejoined
+
+
+def _rejections(tl: Timeline) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
+    total: Counter[str] = Counter()
+    per_node: dict[int, Counter[str]] = {}
+    for (node, _), inc in tl.incs.items():
+        rejected = inc.last.get("updates_rejected")
+        if isinstance(rejected, dict):
+            counts = Counter({str(k): int(v) for k, v in rejected.items() if isinstance(v, int)})
+            total += counts
+            per_node.setdefault(node, Counter()).update(counts)
+    return dict(sorted(total.items())), {n: dict(sorted(c.items())) for n, c in sorted(per_node.items())}
+
+
+def _curves(tl: Timeline, honest: tuple[int, ...], start: float, step_s: float | None,
+            stalls: list[tuple[float, float]]) -> dict[str, Any]:
+    nodes = {}
+    for node in range(tl.meta.nodes):
+        nodes[str(node)] = [[tl.total_at("tokens", t), t - tl.t_launch, bpb] for t, bpb in tl.eval_points(node)]
+    baseline = []
+    points = (tl.record.baseline or {}).get("points", [])
+    for step, tokens, bpb in points:
+        row = [tokens, None, None, bpb]
+        if step_s is not None:
+            work = step * step_s
+            row[1] = _round(start + work - tl.t_launch, 3)
+            row[2] = _round(stretch(work, start, stalls) - tl.t_launch, 3)
+        baseline.append(row)
+    return {"nodes": nodes, "baseline": baseline,
+            "columns": {"nodes": ["tokens_all_nodes", "seconds", "bpb"],
+                        "baseline": ["tokens", "seconds_no_failures", "seconds_same_failures", "bpb"]}}
+
+
+def compute(record: RunRecord) -> dict[str, Any]:
+    """All figures of one run (see module doc), JSON-ready."""
+    tl = Timeline(record)
+    plan, meta = tl.plan, tl.meta
+    honest = plan.honest_nodes
+    fast = tuple(n for n in honest if plan.slow_factor(n) == 1.0) or honest
+    t_ready = tl.t_ready
+    start = t_ready if t_ready is not None else tl.t_launch
+    window = max(tl.t_end - start, 0.0)
+
+    goodput, per_node = _goodput(tl, start)
+    killed = {inc.node for inc in tl.incs.values() if inc.killed_at is not None}
+    unkilled = [g for n, g in enumerate(per_node) if n not in killed]
+    launch_alloc = sum(tl.t_end - (tl.of(n)[0].launched_at or tl.t_launch) for n in range(meta.nodes) if tl.of(n))
+    from_launch = sum(inc.value("contributed_step_seconds") for inc in tl.incs.values()) / launch_alloc \
+        if launch_alloc > 0 else 0.0
+
+    stalls = tl.outages() + tl.partitions()
+    stalled = clip_length(stalls, start, tl.t_end)
+    factors = [plan.slow_factor(n) for n in range(meta.nodes)]
+    slow_eff = sum(factors) / (len(factors) * max(factors))
+    dp_same = slow_eff * (1 - stalled / window) if window > 0 else 0.0
+
+    params = int(meta.extra.get("param_count", 0))
+    sent = sum(inc.value("bytes_sent") for inc in tl.incs.values() if inc.node in honest)
+    steps = sum(inc.value("inner_steps") for inc in tl.incs.values() if inc.node in honest)
+    ours = sent / steps if steps else None
+    dp = dp_bytes_per_step(meta.nodes, params) if params else None
+
+    step_rates = _node_rates(tl, "inner_steps", fast)
+    solo_rates = [float(r) for r in (record.solo or {}).get("steps_per_second", [])]
+    net_rate = statistics.mean(step_rates.values()) if step_rates else None
+    overlap = net_rate / statistics.mean(solo_rates) if net_rate and solo_rates else None
+    step_s = 1.0 / net_rate if net_rate else None
+    slow_max = max(factors)
+
+    total, per_reason_node = _rejections(tl)
+    joins, rejoined = _joins(tl)
+    finals = {n: pts[-1][1] for n in honest if (pts := tl.eval_points(n))}
+    late_from = tl.t_launch + 0.8 * (tl.t_end - tl.t_launch)  # single evaluations are noisy: also average
+    late = [bpb for n in honest for t, bpb in tl.eval_points(n) if t >= late_from]  # the last 20% of the run
+    base_points = (record.baseline or {}).get("points", [])
+    base_final = base_points[-1][2] if base_points else None
+    mean_final = statistics.mean(finals.values()) if finals else None
+    return {
+        "run": {"nodes": meta.nodes, "model": meta.model, "inner_steps": meta.inner_steps, "param_count": params,
+                "wan": meta.wan, "seed": meta.seed, "plan": plan.fingerprint(), "interrupted": meta.interrupted,
+                "duration_s": _round(tl.t_end - tl.t_launch, 2),
+                "all_training_at_s": _round(t_ready - tl.t_launch, 2) if t_ready is not None else None,
+                "window_s": _round(window, 2), "honest_nodes": list(honest), "restarts": sum(i.inc > 0 for i in tl.incs.values())},
+        "goodput": {"value": _round(goodput), "from_launch": _round(from_launch), "per_node": [_round(g) for g in per_node],
+                    "never_killed": _round(statistics.mean(unkilled)) if unkilled else None},
+        "baseline_goodput": {"same_failures": _round(dp_same), "no_failures": _round(slow_eff),
+                             "stalled_s": _round(stalled, 2), "ratio": _round(goodput / dp_same) if dp_same > 0 else None},
+        "communication": {"bytes_per_node_step": _round(ours, 1), "dp_bytes_per_step": _round(dp, 1),
+                          "ratio": _round(dp / ours, 2) if dp and ours else None, "bytes_sent": int(sent),
+                          "inner_steps": int(steps)},
+        "overlap": {"value": _round(overlap), "network_steps_per_s": {str(k): _round(v) for k, v in step_rates.items()},
+                    "solo_steps_per_s": [_round(r) for r in solo_rates],
+                    "note": None if solo_rates else "no solo run (--solo-seconds)"},
+        "throughput": {"tokens_per_s": {str(k): _round(v, 1) for k, v in _node_rates(tl, "tokens", tuple(range(meta.nodes))).items()},
+                       "total_tokens": int(tl.total_at("tokens", tl.t_end))},
+        "agreement": _agreement(tl, honest),
+        "rejections": {"total": total, "per_node": {str(k): v for k, v in per_reason_node.items()}},
+        "joins": joins, "rejoined": rejoined,
+        "quality": {"final_bpb": {str(k): _round(v) for k, v in finals.items()}, "mean_final_bpb": _round(mean_final),
+                    "late_mean_bpb": _round(statistics.mean(late)) if late else None, "late_evaluations": len(late),
+                    "baseline_final_bpb": _round(base_final),
+                    "ratio_to_baseline": _round(mean_final / base_final) if mean_final and base_final else None,
+                    "baseline_tokens": base_points[-1][1] if base_points else None},
+        "curves": _curves(tl, honest, start, None if step_s is None else step_s * slow_max, stalls),
+    }
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def to_markdown(fig: dict[str, Any]) -> str:
+    """The report's table (one row per figure) plus join times and rejections."""
+    run, gp, dp, comm = fig["run"], fig["goodput"], fig["baseline_goodput"], fig["communication"]
+    ag, q, ov = fig["agreement"], fig["quality"], fig["overlap"]
+    rows = [
+        ("goodput", _fmt(gp["value"]), f"from launch {_fmt(gp['from_launch'])}; nodes never killed "
+         f"{_fmt(gp['never_killed'])}; window {run['window_s']} s"),
+        ("data-parallel goodput, same failures", _fmt(dp["same_failures"]),
+         f"stalled {dp['stalled_s']} s; upper bound: no start-up, lost work or all-reduce time"),
+        ("data-parallel goodput, no failures", _fmt(dp["no_failures"]), "slowest worker sets the pace"),
+        ("goodput ÷ data-parallel", _fmt(dp["ratio"], ".2f"), ""),
+        ("communication ratio (all-reduce ÷ ours)", _fmt(comm["ratio"], ".1f"),
+         f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step"),
+        ("overlap (steps/s network ÷ alone)", _fmt(ov["value"]), ov["note"] or "alone = every node isolated at "
+         "once; with nodes sharing cores, > 1 means the network run left each node more CPU"),
+        ("replica agreement", "ok" if ag["ok"] else "NOT OK",
+         f"{ag['conflicts']} conflicts in {ag['ledgers_seen']} ledgers; pairs met after quiet "
+         f"{ag['pairs_met_after_quiet']}/{ag['pairs']}"
+         + ("" if ag["finished_equal"] is None else f"; final digests equal: {ag['finished_equal']}")),
+        ("updates rejected", str(sum(fig["rejections"]["total"].values())),
+         ", ".join(f"{k}: {v}" for k, v in fig["rejections"]["total"].items()) or "none"),
+        ("restarted nodes rejoined", "yes" if fig["rejoined"] else "NO", f"{run['restarts']} restarts"),
+        ("held-out bpb (mean of nodes)", _fmt(q["mean_final_bpb"]), f"baseline {_fmt(q['baseline_final_bpb'])}, "
+         f"ratio {_fmt(q['ratio_to_baseline'], '.4f')}; mean of the last 20% of the run {_fmt(q['late_mean_bpb'])}"),
+        ("tokens trained", f"{fig['throughput']['total_tokens']:,}", ""),
+    ]
+    out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", "",
+           "| figure | value | detail |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    out += ["", "| node | process | join (s) | recovery after kill (s) | killed |", "|---|---|---|---|---|"]
+    out += [f"| {j['node']} | {j['process']} | {_fmt(j['join_s'], '.1f')} | {_fmt(j['recovery_s'], '.1f')} | "
+            f"{'yes' if j['killed'] else ''} |" for j in fig["joins"]]
+    return "\n".join(out) + "\n"
+
+
+def write_report(run_dir: Path) -> dict[str, Any]:
+    """Compute the report of `run_dir` and write `report.json`, `report.md` and `loss.png` there."""
+    from testnet.plot import plot_loss
+
+    fig = compute(load_run(run_dir))
+    (run_dir / "report.json").write_text(json.dumps(fig, indent=1) + "\n")
+    (run_dir / "report.md").write_text(to_markdown(fig))
+    plot_loss(fig["curves"], run_dir / "loss.png", title=f"{fig['run']['nodes']} nodes, {fig['run']['model']}")
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m testnet.report RUN_DIR`: (re)compute a run's report and print its table."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m testnet.report", description=main.__doc__)
+    p.add_argument("run_dir", type=Path)
+    args = p.parse_args(argv)
+    print(to_markdown(write_report(args.run_dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""A stand-in *process* for the supervisor's tests (not for the node's logic): it binds the two ports of
+docs/node-contract.md, prints the LISTENING line, answers `GET /status` with counters that grow with
+time and records `POST /chaos` bodies to `<checkpoint-dir>/chaos.jsonl`.
+
+Test knobs: `--ignore-term` (survive SIGTERM, so only SIGKILL stops it), `--grandchild` (start a
+sleeping child in the same process group and write its pid to `<checkpoint-dir>/grandchild.pid`),
+`--die-before-listening` (print an error to stderr and exit 3), `--finish-after S` (print a STOPPED
+line and exit 0 after S seconds, as a node does after --max-rounds).
+"""
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def split(addr):
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--listen", required=True)
+    p.add_argument("--http", required=True)
+    p.add_argument("--peer-id", required=True)
+    p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument("--peers", default="")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--grandchild", action="store_true")
+    p.add_argument("--die-before-listening", action="store_true")
+    p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
+    args = p.parse_args()
+    started = time.time()
+    if args.die_before_listening:
+        print("fatal: cannot load the model (test)", file=sys.stderr, flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else (lambda *a: os._exit(0)))
+    if args.grandchild:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.path.join(args.checkpoint_dir, "grandchild.pid"), "w") as f:
+            f.write(str(child.pid))
+    gossip = socket.socket()
+    gossip.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    gossip.bind(split(args.listen))
+    gossip.listen()
+    chaos_log = os.path.join(args.checkpoint_dir, "chaos.jsonl")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _json(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            now = time.time()
+            steps = int((now - started) * 10)
+            self._json({"peer_id": args.peer_id, "state": "training", "slot": steps // 5, "round": steps // 5,
+                        "inner_steps": steps, "tokens": steps * 100, "loss": 3.0, "eval_loss": None,
+                        "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
+                        "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
+                        "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
+                        "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9,
+                        "started_at": started, "first_update_at": started})
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["content-length"]))
+            with open(chaos_log, "a") as f:
+                f.write(json.dumps({"path": self.path, "body": json.loads(body)}) + "\n")
+            self._json({"ok": True})
+
+    server = http.server.ThreadingHTTPServer(split(args.http), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"LISTENING {args.peer_id} {args.listen.rpartition(':')[0]}:{gossip.getsockname()[1]} "
+          f"{args.http.rpartition(':')[0]}:{server.server_address[1]}", flush=True)
+    print("fake node running", file=sys.stderr, flush=True)
+    if args.finish_after is not None:
+        time.sleep(args.finish_after)
+        print("STOPPED 7 aa bb", flush=True)
+        sys.exit(0)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The `diloco-testnet` command: flags, plan-only, errors, and a whole run (fake node processes) that
+leaves a report and no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+from testnet.cli import Options, build_plan, main, parse_args, run_testnet
+from testnet.procs import GroupRegistry, alive
+from testnet_helpers import FAKE_NODE, events, fake_argv, wait_for
+
+
+def test_defaults_finish_in_a_few_minutes() -> None:
+    o = parse_args([])
+    assert o == Options()
+    assert (o.nodes, o.minutes, o.model, o.baseline) == (3, 2.0, "tiny", True)
+    assert build_plan(o).kills == ()
+
+
+def test_flags_build_the_plan() -> None:
+    o = parse_args(["--nodes", "6", "--minutes", "5", "--kill-every", "30", "--downtime", "15", "--slow", "2:4",
+                    "--partition", "40:60:0,1", "--misbehave", "5:garbage", "--seed", "3", "--data", "a.txt,b.txt",
+                    "--data", "c.txt", "--wan", "--no-baseline"])
+    plan = build_plan(o)
+    assert o.data == ("a.txt", "b.txt", "c.txt") and o.wan == "2gbit,30ms" and not o.baseline
+    assert plan.slow == ((2, 4.0),) and plan.misbehave == ((5, "garbage"),) and len(plan.partitions) == 1
+    assert len(plan.kills) == 7 and all(k.downtime == 15 for k in plan.kills)  # last restart by 240 s
+    assert build_plan(o) == plan
+
+
+def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--plan-only", "--kill-every", "30", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fault plan" in out and "kill node" in out
+    assert main(["--plan-only", "--slow", "9:2"]) == 2
+    assert "node 9 does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--nodes", "0"])
+
+
+async def test_a_whole_run_writes_the_report_and_stops_everything(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    o = Options(nodes=3, minutes=0.06, kill_every=1.0, downtime=0.6, settle=0.5, baseline=False, out=tmp_path,
+                progress="plain", poll_interval=0.1, wan="2gbit,30ms", stop_grace=2)
+    registry = GroupRegistry()
+    with trio.fail_after(60):
+        run_dir = await run_testnet(o, argv_builder=lambda specs: fake_argv(), registry=registry)
+    out = capsys.readouterr().out
+    assert "WAN emulation off:" in out or "WAN emulation:" in out
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["run"]["nodes"] == 3 and report["run"]["restarts"] == len(build_plan(o).kills) >= 1
+    assert report["run"]["param_count"] > 0 and report["communication"]["dp_bytes_per_step"] > 0
+    assert (run_dir / "loss.png").stat().st_size > 0 and (run_dir / "report.md").read_text().startswith("# Testnet")
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["t_end"] > meta["t_launch"] > 0 and not meta["interrupted"]
+    pids = [e["pid"] for e in events(run_dir) if e["event"] == "listening"]
+    assert len(pids) == 3 + report["run"]["restarts"] and not [p for p in pids if alive(p)]
+    assert registry.live_groups() == []
+
+
+DRIVER = textwrap.dedent("""
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+    sys.path.insert(0, {tests!r})
+    from testnet.cli import main
+    from testnet_helpers import fake_argv
+    sys.exit(main(["--minutes", "10", "--out", {out!r}, "--progress", "quiet", "--stop-grace", "1"],
+                  argv_builder=lambda specs: fake_argv("--ignore-term")))
+""")
+
+
+async def test_sigterm_stops_a_background_testnet(tmp_path: Path) -> None:
+    """SIGTERM stops the testnet (exit 130) and every node, even one that ignores SIGTERM, even when the
+    testnet was started with SIGINT ignored."""
+    script = DRIVER.format(tests=str(Path(FAKE_NODE).parent), out=str(tmp_path))
+    driver = await trio.lowlevel.open_process([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE,
+                                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        with trio.fail_after(40):
+            def ready() -> bool:
+                runs = list(tmp_path.glob("2*"))
+                return bool(runs) and sum(e["event"] == "ready" for e in events(runs[0])) == 3
+            await wait_for(ready, 30, interval=0.05)
+            driver.send_signal(signal.SIGTERM)
+            assert await driver.wait() == 130
+    finally:
+        if driver.returncode is None:  # the test failed: do not leave its nodes behind either
+            driver.kill()
+            for run in tmp_path.glob("2*"):
+                for e in events(run):
+                    if e["event"] == "listening" and alive(e["pid"]):
+                        os.killpg(e["pid"], signal.SIGKILL)
+    run_dir = next(tmp_path.glob("2*"))
+    pids = [e["pid"] for e in events(run_dir) if e["event"] == "listening"]
+    assert len(pids) == 3 and not [p for p in pids if alive(p)]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["interrupted"] is True and meta["t_end"] > meta["t_launch"] > 0
+    assert main_report(run_dir)["run"]["nodes"] == 3  # a report can still be made from the records
+
+
+def main_report(run_dir: Path) -> dict:
+    from testnet.report import write_report
+
+    return write_report(run_dir)

@@ -1,0 +1,192 @@
+"""Tier (a): the report's figures on a hand-made recorded run, checked against hand-computed values.
+
+The run: 2 nodes launched at t=1000, stopped at t=1020. Node 0 trains throughout; node 1 is killed at
+1009 (plan: kill at 9 s, restart after 3 s), comes back and trains again from 1016. Every node reported
+`training` at least once by 1004, so the goodput window is [1004, 1020] (16 s).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testnet.faults import FaultPlan, Kill
+from testnet.record import RunMeta, RunRecord, load_run
+from testnet.report import compute, dp_bytes_per_step, stretch, to_markdown, write_report
+
+
+def status(state: str, css: float, steps: int, sent: int, *, started: float, first: float | None,
+           ledger: str = "", params: str = "", rejected: dict | None = None, evals: list | None = None) -> dict:
+    return {"state": state, "contributed_step_seconds": css, "inner_steps": steps, "tokens": steps * 100,
+            "bytes_sent": sent, "bytes_received": 0, "started_at": started, "first_update_at": first,
+            "ledger_digest": ledger or None, "params_digest": params or None, "updates_rejected": rejected or {},
+            "eval_history": evals or [], "slot": steps // 10}
+
+
+def record(conflict: bool = False, baseline: dict | None = None, solo: dict | None = None) -> RunRecord:
+    meta = RunMeta(nodes=2, model="tiny", inner_steps=10, peer_ids=["a", "b"], t_launch=1000.0, t_end=1020.0,
+                   extra={"param_count": 1000})
+    plan = FaultPlan(nodes=2, duration=20, kills=(Kill(9, 1, 3),))
+    n0 = dict(started=1001, first=1005)
+    samples = [
+        (1002, 0, 0, status("syncing", 0, 0, 0, started=1001, first=None)),
+        (1004, 0, 0, status("training", 1, 10, 500, **n0)),
+        (1010, 0, 0, status("training", 5, 50, 2500, **n0, ledger="L1", params="P1")),
+        (1020, 0, 0, status("training", 13, 130, 6500, **n0, ledger="L2", params="P2", rejected={"bad_signature": 2},
+                            evals=[[5000, 1010, 4.0], [13000, 1020, 3.0]])),
+        (1003, 1, 0, status("training", 0.5, 5, 250, started=1001, first=1006)),
+        (1008, 1, 0, status("training", 3.5, 35, 1750, started=1001, first=1006, ledger="L1",
+                            params="P9" if conflict else "P1", rejected={"bad_signature": 1, "malformed": 3},
+                            evals=[[3500, 1007, 4.5]])),
+        (1014, 1, 1, status("syncing", 0, 0, 0, started=1013, first=None)),
+        (1016, 1, 1, status("training", 1, 10, 500, started=1013, first=1018)),
+        (1020, 1, 1, status("training", 4, 40, 2000, started=1013, first=1018, ledger="L2", params="P2",
+                            evals=[[4000, 1019, 3.2]])),
+    ]
+    events = [{"t": 1000.0, "node": 0, "inc": 0, "event": "launch"}, {"t": 1000.0, "node": 1, "inc": 0, "event": "launch"},
+              {"t": 1009.0, "node": 1, "inc": 0, "event": "kill", "pid": 1},
+              {"t": 1012.0, "node": 1, "inc": 1, "event": "launch"}]
+    rows = [{"t": t, "node": n, "inc": i, "status": s} for t, n, i, s in samples]
+    rows.append({"t": 1011.0, "node": 1, "inc": 0, "error": "ConnectError()"})
+    return RunRecord(meta, plan, events, rows, baseline=baseline, solo=solo)
+
+
+def test_goodput_and_data_parallel_goodput() -> None:
+    fig = compute(record())
+    assert fig["run"]["all_training_at_s"] == 4.0 and fig["run"]["window_s"] == 16.0
+    # node 0 earned 13 - 1 = 12 s in the window, node 1 (3.5 - 0.5) + 4 = 7 s; 2 nodes x 16 s allocated
+    assert fig["goodput"]["per_node"] == [0.75, 0.4375]
+    assert fig["goodput"]["value"] == pytest.approx(19 / 32, abs=1e-4)
+    assert fig["goodput"]["from_launch"] == pytest.approx(20.5 / 40, abs=1e-4)
+    # data-parallel stalls from the kill (1009) until node 1 trains again (1016): 7 of 16 s
+    assert fig["baseline_goodput"]["stalled_s"] == 7.0
+    assert fig["baseline_goodput"]["same_failures"] == pytest.approx(9 / 16, abs=1e-4)
+    assert fig["baseline_goodput"]["no_failures"] == 1.0
+    assert fig["baseline_goodput"]["ratio"] == pytest.approx((19 / 32) / (9 / 16), abs=1e-3)
+
+
+def test_communication_ratio() -> None:
+    fig = compute(record())
+    comm = fig["communication"]
+    assert comm["bytes_sent"] == 6500 + 1750 + 2000 and comm["inner_steps"] == 130 + 35 + 40
+    assert comm["bytes_per_node_step"] == 50.0
+    assert comm["dp_bytes_per_step"] == dp_bytes_per_step(2, 1000) == 4000.0
+    assert comm["ratio"] == 80.0
+    assert dp_bytes_per_step(8, 1_000_000) == pytest.approx(2 * 7 / 8 * 4e6)
+
+
+def test_join_times_recovery_and_rejoin() -> None:
+    fig = compute(record())
+    joins = {(j["node"], j["process"]): j for j in fig["joins"]}
+    assert joins[(0, 0)]["join_s"] == 4.0 and joins[(1, 0)]["join_s"] == 5.0
+    assert joins[(1, 1)]["join_s"] == 5.0 and joins[(1, 1)]["recovery_s"] == 9.0
+    assert fig["rejoined"] is True and fig["run"]["restarts"] == 1
+
+
+def test_a_restart_that_never_published_is_not_rejoined() -> None:
+    rec = record()
+    for row in rec.samples:
+        if row.get("inc") == 1 and "status" in row:
+            row["status"]["first_update_at"] = None
+    assert compute(rec)["rejoined"] is False
+    # ... unless it was killed again before it could join: then it had no chance to
+    rec.events.append({"t": 1019.0, "node": 1, "inc": 1, "event": "kill", "pid": 2})
+    fig = compute(rec)
+    assert fig["rejoined"] is True
+    assert [j["killed"] for j in fig["joins"] if j["node"] == 1] == [True, True]
+
+
+def test_agreement_by_digest() -> None:
+    good = compute(record())["agreement"]
+    assert good["ok"] and good["conflicts"] == 0 and good["pairs_met_after_quiet"] == 1
+    assert good["quiet_from_s"] == 16.0  # the restarted node trained again at 1016
+    bad = compute(record(conflict=True))["agreement"]
+    assert not bad["ok"] and bad["conflicts"] == 1
+
+
+def test_agreement_of_nodes_that_finished_their_rounds() -> None:
+    def finished(ledgers: tuple[str, str]) -> dict:
+        rec = record()
+        for (node, inc), ledger in zip(((0, 0), (1, 1)), ledgers):
+            rec.events.append({"t": 1020.0, "node": node, "inc": inc, "event": "stopped", "slot": 9, "ledger": ledger,
+                               "params": "P"})
+            rec.events.append({"t": 1020.5, "node": node, "inc": inc, "event": "exit", "rc": 0, "expected": True,
+                               "finished": True})
+        return compute(rec)["agreement"]
+
+    assert finished(("L", "L"))["finished_equal"] is True and finished(("L", "L"))["ok"]
+    assert finished(("L", "M"))["finished_equal"] is False and not finished(("L", "M"))["ok"]
+    assert compute(record())["agreement"]["finished_equal"] is None  # stopped by SIGTERM: not comparable
+
+
+def test_rejections_summed_over_processes() -> None:
+    rej = compute(record())["rejections"]
+    assert rej["total"] == {"bad_signature": 3, "malformed": 3}
+    assert rej["per_node"] == {"0": {"bad_signature": 2}, "1": {"bad_signature": 1, "malformed": 3}}
+
+
+def test_overlap_needs_a_solo_run() -> None:
+    assert compute(record())["overlap"]["value"] is None
+    fig = compute(record(solo={"steps_per_second": [10.0, 10.0]}))
+    # node 0: 120 steps in 16 s; node 1: (30 + 30) steps in (5 + 4) s
+    assert fig["overlap"]["network_steps_per_s"] == {"0": 7.5, "1": pytest.approx(60 / 9, abs=1e-4)}
+    assert fig["overlap"]["value"] == pytest.approx((7.5 + 60 / 9) / 2 / 10, abs=1e-4)
+
+
+def test_curves_quality_and_baseline_wall_time() -> None:
+    base = {"points": [[0, 0, 8.0], [100, 20000, 3.5]]}
+    fig = compute(record(baseline=base, solo={"steps_per_second": [10.0]}))
+    nodes = fig["curves"]["nodes"]
+    # at 1010 node 0 had 5000 tokens, node 1's first process 3500 (its last reading), the second none yet
+    assert nodes["0"][0] == [8500, 10.0, 4.0]
+    assert [p[2] for p in nodes["1"]] == [4.5, 3.2]
+    step_s = 1 / ((7.5 + 60 / 9) / 2)
+    work = 100 * step_s
+    last = fig["curves"]["baseline"][1]
+    assert last[1] == pytest.approx(4 + work, abs=1e-3)  # no failures: starts when the nodes did
+    assert last[2] == pytest.approx(16 + (work - 5), abs=1e-3)  # 5 s of work, the 7 s stall, the rest
+    q = fig["quality"]
+    assert q["final_bpb"] == {"0": 3.0, "1": 3.2} and q["mean_final_bpb"] == pytest.approx(3.1)
+    assert q["ratio_to_baseline"] == pytest.approx(3.1 / 3.5, abs=1e-4)
+
+
+def test_stretch() -> None:
+    assert stretch(5, 0, []) == 5
+    assert stretch(5, 0, [(2, 4)]) == 7
+    assert stretch(1, 0, [(2, 4)]) == 1
+    assert stretch(5, 3, [(2, 4), (3.5, 6), (7, 8)]) == 12  # inside a stall until 6, 1 s of work, stall, 4 s
+    assert stretch(0, 2, [(2, 4)]) == 4
+
+
+def test_slow_node_sets_data_parallel_pace() -> None:
+    rec = record()
+    rec.plan = FaultPlan(nodes=2, duration=20, kills=rec.plan.kills, slow=((1, 4.0),))
+    fig = compute(rec)
+    assert fig["baseline_goodput"]["no_failures"] == pytest.approx(5 / 8)
+
+
+def test_write_report_files(tmp_path: Path) -> None:
+    rec = record(baseline={"points": [[0, 0, 8.0], [100, 20000, 3.5]]})
+    (tmp_path / "run.json").write_text(json.dumps(rec.meta.to_dict()))
+    (tmp_path / "plan.json").write_text(json.dumps(rec.plan.to_dict()))
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in rec.events))
+    (tmp_path / "status.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rec.samples) + '{"t": 10')
+    (tmp_path / "baseline.json").write_text(json.dumps(rec.baseline))
+    assert len(load_run(tmp_path).samples) == len(rec.samples)  # a torn last line is ignored
+    fig = write_report(tmp_path)
+    assert json.loads((tmp_path / "report.json").read_text())["goodput"] == fig["goodput"]
+    md = (tmp_path / "report.md").read_text()
+    assert "| goodput | 0.594 |" in md and "| 1 | 1 | 5.0 | 9.0 |  |" in md and "| 1 | 0 | 5.0 | n/a | yes |" in md
+    png = (tmp_path / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert to_markdown(fig) == md
+
+
+def test_empty_run_does_not_crash() -> None:
+    meta = RunMeta(nodes=2, model="tiny", inner_steps=10, peer_ids=["a", "b"], t_launch=0.0, t_end=5.0)
+    fig = compute(RunRecord(meta, FaultPlan(nodes=2, duration=5), [], []))
+    assert fig["goodput"]["value"] == 0.0 and fig["agreement"]["ok"] is False
+    assert fig["run"]["all_training_at_s"] is None
+    to_markdown(fig)

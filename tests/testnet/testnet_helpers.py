@@ -1,0 +1,41 @@
+"""Shared pieces of the testnet tests: fake-node specs and command lines, and a condition waiter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import trio
+
+from testnet.nodes import NodeSpec, prepare_nodes
+
+FAKE_NODE = str(Path(__file__).with_name("fake_node.py"))
+
+
+def fake_specs(run_dir: Path, n: int) -> list[NodeSpec]:
+    return prepare_nodes(run_dir, n, seed=0)
+
+
+def fake_argv(*flags: str, failing: set[int] = frozenset()):
+    """An `ArgvBuilder` that starts `fake_node.py` (with `flags`; nodes in `failing` die before LISTENING)."""
+
+    def build(spec: NodeSpec, gossip_port: int, http_port: int, peers) -> list[str]:
+        extra = list(flags) + (["--die-before-listening"] if spec.index in failing else [])
+        return [*spec.exec_prefix, sys.executable, FAKE_NODE, "--listen", f"{spec.host}:{gossip_port}",
+                "--http", f"{spec.host}:{http_port}", "--peer-id", spec.peer_id,
+                "--checkpoint-dir", str(spec.checkpoint_dir), "--peers", ",".join(peers), *extra]
+
+    return build
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def wait_for(predicate, timeout: float, interval: float = 0.02) -> None:
+    """Poll `predicate()` until true; fail after `timeout` seconds."""
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(interval)
