@@ -19,15 +19,11 @@ import math
 import os
 import struct
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import trio
 
-from p2p import Host, HttpApp, Request, Response
-from p2p.http import _send_response
-from protocol.gossip import Disconnect
+from p2p import Host, Request, Response
 from protocol.messages import split_addr
 from node.updates import Shapes, shapes_field
 
@@ -113,41 +109,6 @@ class Misbehave:
         log.info("chaos: published an update of wrong shapes %s", signed.message_id.hex()[:16])
 
 
-MAX_BODY = 64 << 10
-
-
-@dataclass(frozen=True)
-class BodyRequest(Request):
-    body: bytes = b""
-
-
-class _BodyApp(HttpApp):
-    """`p2p.http.HttpApp` that also reads small POST bodies into `BodyRequest.body`. p2p's `Request` has
-    no body yet; `ChaosRoute.mount` switches the host's app to this subclass (same routes, same
-    behaviour for everything else) until it does."""
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await super().__call__(scope, receive, send)
-            return
-        body, more = b"", True
-        while more and len(body) <= MAX_BODY:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        request = BodyRequest(method="POST", path=scope["path"], query=scope.get("query_string", b""),
-                              headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]},
-                              client=tuple(scope["client"]) if scope.get("client") else None, body=body)
-        handler = self._find("POST", request.path)
-        if len(body) > MAX_BODY:
-            response = Response.text(413, "body too large\n")
-        else:
-            response = Response.text(404, "not found\n") if handler is None else await handler(request)
-        await _send_response(send, response)
-
-
 class ChaosRoute:
     """`POST /chaos` (see the module docstring). Blocks use the router's ban list, so the host refuses
     the peers' connections and does not dial them until the block ends."""
@@ -157,14 +118,11 @@ class ChaosRoute:
         self.blocked: dict[str, float] = {}  # peer -> Unix time the block ends
 
     def mount(self) -> None:
-        if type(self.host.http) is HttpApp:
-            self.host.http.__class__ = _BodyApp
         self.host.http.route("POST", "/chaos", self.handle)
 
     async def handle(self, request: Request) -> Response:
         try:
-            raw = request.body if isinstance(request, BodyRequest) else b""
-            body = json.loads(raw) if raw else {}
+            body = json.loads(request.body) if request.body else {}
             peers, seconds = body["block_peers"], float(body["seconds"])
             if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers) or not 0 < seconds <= 86400:
                 raise ValueError("block_peers must be a list of peer ids and 0 < seconds <= 86400")
@@ -176,12 +134,7 @@ class ChaosRoute:
 
     def block(self, peers: list[str], seconds: float) -> None:
         now = self.host.now()
-        router = self.host.router
+        self.host.block(peers, seconds)
         for peer in peers:
-            # PeerScores.ban keeps a peer out for config.ban_s from the time given: shift it to last `seconds`.
-            router.scores.ban(peer, now + seconds - router.scores.config.ban_s)
             self.blocked[peer] = now + seconds
-            state = router.peers.get(peer)
-            if state is not None:
-                self.host._execute([Disconnect(peer, state.conn, f"chaos: blocked for {seconds:g} s")])
             log.warning("chaos: blocking %s for %g s", peer, seconds)

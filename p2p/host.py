@@ -187,6 +187,18 @@ class Host:
                 return self.store.path(name)
         raise TransportError(f"blob {name[:12]}: no peer of {len(candidates)} served it")
 
+    def block(self, peers: Sequence[str], seconds: float) -> None:
+        """Drop the connections to `peers` and refuse them (inbound and dials) for `seconds`: an
+        emulated network partition (the node's `POST /chaos`)."""
+        now = self.now()
+        scores = self.router.scores
+        for peer in peers:
+            # a ban lasts config.ban_s from the time given: shift it so that it ends at now + seconds
+            scores.ban(peer, now + seconds - scores.config.ban_s)
+            state = self.router.peers.get(peer)
+            if state is not None:
+                self._execute([Disconnect(peer, state.conn, f"blocked for {seconds:g} s")])
+
     def set_progress(self, slot: int, round_: int, state: str) -> None:
         """What our heartbeats tell peers (slot, round, a short state word such as "training")."""
         self.router.set_progress(slot, round_, state)

@@ -5,6 +5,8 @@ The node's HTTP plane: `GET /blobs/<hex>` (see `p2p.blobserve`) plus whatever th
 
 Contract:
 - Routes match on (method, path prefix); the longest matching prefix wins. Unknown paths get 404.
+- A request body (small control requests such as `POST /chaos`) is read whole into `Request.body`, up
+  to `MAX_REQUEST_BODY` bytes; a larger one is answered 413 without calling the handler.
 - A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
   `more_body`, so large bodies never sit in memory whole). A streamed body is pulled by its own
   task, one chunk ahead of the socket (the next chunk is read, e.g. from disk, while this one is
@@ -33,6 +35,9 @@ from protocol.errors import LocalProtocolError
 log = logging.getLogger("p2p.http")
 
 
+MAX_REQUEST_BODY = 64 << 10
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -40,6 +45,7 @@ class Request:
     query: bytes
     headers: dict[str, str]
     client: tuple[str, int] | None
+    body: bytes = b""
 
 
 @dataclass
@@ -82,16 +88,35 @@ class HttpApp:
             return
         if scope["type"] != "http":
             return
+        body = await _read_body(receive)
+        if body is None:
+            await _send_response(send, receive, Response.text(413, "request body too large\n"))
+            return
         request = Request(
             method=scope["method"],
             path=scope["path"],
             query=scope.get("query_string", b""),
             headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]},
             client=tuple(scope["client"]) if scope.get("client") else None,
+            body=body,
         )
         handler = self._find(request.method, request.path)
         response = Response.text(404, "not found\n") if handler is None else await handler(request)
         await _send_response(send, receive, response)
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The whole request body, or None if it exceeds MAX_REQUEST_BODY (or the client left early)."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        body += message.get("body", b"")
+        if len(body) > MAX_REQUEST_BODY:
+            return None
+        if not message.get("more_body", False):
+            return bytes(body)
 
 
 async def _lifespan(receive: Any, send: Any) -> None:

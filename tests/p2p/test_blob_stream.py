@@ -20,7 +20,7 @@ from p2p.blobfetch import BlobClient, _HeadStream
 from p2p.blobstore import BlobStore, blob_hex
 from p2p.counters import Counters, Kind
 from p2p.errors import TransportError
-from p2p.http import HttpApp, Request, Response, serve_http
+from p2p.http import MAX_REQUEST_BODY, HttpApp, Request, Response, serve_http
 from protocol.errors import Reason, RemoteProtocolError
 
 
@@ -187,3 +187,24 @@ async def test_a_streamed_body_is_closed_when_the_client_goes_away() -> None:
             await closed.wait()
             nursery.cancel_scope.cancel()
     assert len(sent) < 1000
+
+
+async def test_a_request_body_reaches_the_handler_and_an_oversized_one_is_refused() -> None:
+    seen: list[bytes] = []
+
+    async def echo(request: Request) -> Response:
+        seen.append(request.body)
+        return Response(200, request.body)
+
+    app = HttpApp()
+    app.route("POST", "/echo", echo)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            async with httpx.AsyncClient() as client:
+                ok = await client.post(f"http://{host}:{port}/echo", content=b'{"x": 1}')
+                big = await client.post(f"http://{host}:{port}/echo", content=bytes(MAX_REQUEST_BODY + 1))
+            nursery.cancel_scope.cancel()
+    assert (ok.status_code, ok.content) == (200, b'{"x": 1}')
+    assert big.status_code == 413
+    assert seen == [b'{"x": 1}']
