@@ -6,6 +6,7 @@ repairs toward `d`; it announces (IHAVE) to `d_lazy` non-mesh peers per heartbea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from protocol.errors import LocalProtocolError, Reason
@@ -86,7 +87,16 @@ class GossipConfig:
     iwant_timeout_s: float = 3.0  # an unanswered IWANT may be asked of another peer after this
     px_peers: int = 16  # peer infos per PeerExchange
     px_every: int = 5  # heartbeats between periodic peer exchanges
-    max_ihave_ids: int = 500
+    max_ihave_ids: int = 500  # ids per IHAVE / IWANT message (the schema allows up to 5000)
+    # Anti-entropy (heals partitions): signed update headers stay answerable to IWANT for
+    # `history_s` seconds (rounded up to heartbeats; at most `history_max` of them, ~200 bytes
+    # each), and every held id a peer is not known to have is announced to it on (re)connect and,
+    # every `anti_entropy_every` heartbeats (0: never), to one random peer. A peer that already
+    # accepted such a message but forgot it from its seen-cache (TTL 120 s by default) may ask for
+    # it again: its validator refuses it as REPLAYED, which the router does not penalize.
+    history_s: float = 600.0
+    history_max: int = 10_000
+    anti_entropy_every: int = 30
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def __post_init__(self) -> None:
@@ -100,5 +110,14 @@ class GossipConfig:
             raise LocalProtocolError("need 0 < heartbeat_s < heartbeat_timeout_s")
         if not 0 < self.gossip_windows <= self.mcache_windows:
             raise LocalProtocolError("need 0 < gossip_windows <= mcache_windows")
+        if not 0 < self.max_ihave_ids <= 5000:
+            raise LocalProtocolError("need 0 < max_ihave_ids <= 5000 (MessageIds)")
+        if self.history_s < 0 or self.history_max < 0 or self.anti_entropy_every < 0:
+            raise LocalProtocolError("history_s, history_max and anti_entropy_every must be >= 0")
         if self.max_peers < self.target_peers:
             raise LocalProtocolError("max_peers must be >= target_peers")
+
+    @property
+    def history_heartbeats(self) -> int:
+        """`history_s` in heartbeats (rounded up)."""
+        return math.ceil(self.history_s / self.heartbeat_s)

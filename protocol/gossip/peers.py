@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from protocol.messages import PeerInfo
+from protocol.messages import Heartbeat, PeerInfo
 
 
 @dataclass
@@ -80,3 +80,17 @@ class PeerTable:
             oldest = sorted(self._records.values(), key=lambda r: r.last_heard)
             for record in oldest[: len(self._records) - self.max_entries]:
                 del self._records[record.info.peer_id]
+
+
+@dataclass
+class PeerState:
+    """One connected peer, as the router sees it."""
+
+    info: PeerInfo
+    conn: int
+    outbound: bool
+    since: float
+    last_recv: float
+    graft_after: float = 0.0  # they pruned us: no Graft to them before this
+    sent_heartbeats: int = 0
+    heartbeat: Heartbeat | None = None  # their latest

@@ -26,8 +26,13 @@ Rules (the whole state of the overlay lives here):
                                                           header or an IHAVE for it (they hold it)
     mcache              a message is held (blob stored)  pushed to mesh peers that lack it; IHAVE'd to
                                                           d_lazy others for gossip_windows heartbeats;
-                                                          a manifest is delivered at once but held
-                                                          (forwarded) only once all its blobs are here
+                                                          IWANT served for mcache_windows heartbeats,
+                                                          update headers for history_s (forget_blob
+                                                          ends it); a manifest is delivered at once but
+                                                          held only once all its blobs are here
+    anti-entropy        connected, anti_entropy_every    all held ids the peer may lack are IHAVE'd to
+                                                          it (<= max_ihave_ids per IHAVE, one IWANT
+                                                          each); REPLAYED answers to it not penalized
     scores / bans       every Reject                     below disconnect: Disconnect + ban; a refused
                                                           control frame also disconnects (PROTOCOL.md 9)
     dials               heartbeat, PX, dial_failed       while < target_peers: known peers, then
@@ -40,7 +45,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from protocol import wire
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
@@ -50,7 +54,7 @@ from protocol.gossip.config import GossipConfig
 from protocol.gossip.fetches import PendingBlobs
 from protocol.gossip.mcache import MessageCache
 from protocol.gossip.mesh import gossip_targets, plan_mesh
-from protocol.gossip.peers import PeerTable
+from protocol.gossip.peers import PeerState, PeerTable
 from protocol.gossip.score import PeerScores
 from protocol.messages import (
     Goodbye,
@@ -70,18 +74,6 @@ from protocol.validation import Validator
 
 AcceptHook = Callable[[Signed], None]  # raises RemoteProtocolError to refuse a message
 MAX_WAITING_MANIFESTS = 64
-
-
-@dataclass
-class PeerState:
-    info: PeerInfo
-    conn: int
-    outbound: bool
-    since: float
-    last_recv: float
-    graft_after: float = 0.0  # they pruned us: no Graft to them before this
-    sent_heartbeats: int = 0
-    heartbeat: Heartbeat | None = None  # their latest
 
 
 class Router:
@@ -107,7 +99,7 @@ class Router:
         self.mesh: set[str] = set()
         self.table = PeerTable(local.peer_id)
         self.scores = PeerScores(config.score)
-        self.mcache = MessageCache(config.mcache_windows, config.gossip_windows)
+        self.mcache = MessageCache(config.mcache_windows, config.gossip_windows, config.history_heartbeats, config.history_max)
         self.dials = DialSchedule(config.dial_backoff_s, config.dial_backoff_max_s, rng)
         self.local_blobs: set[str] = set()
         self.pending = PendingBlobs()
@@ -149,10 +141,14 @@ class Router:
         if len(self.mesh) < self.config.d_lo and not self.scores.graylisted(peer):
             self.mesh.add(peer)
             out.append(Send(peer, Graft(self.config.run_id, self.config.topic)))
-        ids = [i for i in self.mcache.gossip_ids()][: self.config.max_ihave_ids]
-        if ids:  # a (re)joining peer learns what it missed
-            out.append(Send(peer, IHave(self.config.run_id, self.config.topic, tuple(ids))))
-        return out
+        return out + self._announce_held(peer)  # anti-entropy: a (re)joining peer learns what it missed
+
+    def _announce_held(self, peer: str) -> list[Action]:
+        """IHAVE to `peer` for every held message it is not known to have, in messages of at most
+        `max_ihave_ids` ids (it answers each with one IWANT)."""
+        cfg = self.config
+        chunks = self.mcache.held_ids_chunked(peer, cfg.max_ihave_ids)
+        return [Send(peer, IHave(cfg.run_id, cfg.topic, chunk)) for chunk in chunks]
 
     def _new_wins(self, old: PeerState, outbound: bool, now: float) -> bool:
         if old.outbound == outbound or old.last_recv < now - 2 * self.config.heartbeat_s:
@@ -194,8 +190,11 @@ class Router:
         except RemoteProtocolError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return [Reject(peer, exc.reason, ""), *self._on_duplicate(peer, wire.decode(data), now)]
+            if exc.reason is Reason.REPLAYED and (asked := _signed_id(data)) in self._iwant_asked:
+                self.validator.seen.add(asked, now)  # we forgot we accepted it: our fault; do not re-ask
+                return [Reject(peer, exc.reason, "asked for with IWANT")]
             out = self._refuse(peer, exc.reason, exc.detail, now)
-            if peer in self.peers and not _is_signed(data):
+            if peer in self.peers and _signed_id(data) is None:
                 # PROTOCOL.md section 9: a broken control message means a broken or hostile peer
                 self._drop(peer)
                 out.append(Disconnect(peer, conn, f"bad control message: {exc.reason.value}"))
@@ -273,7 +272,7 @@ class Router:
         deliver: bool = True,
     ) -> list[Action]:
         """We hold `message` (and its blobs): deliver it, cache it, push it to mesh peers lacking it."""
-        entry = self.mcache.put(message, known_by)
+        entry = self.mcache.put(message, known_by, keep=blob is not None)  # update headers: long history
         local = source == self.local.peer_id
         out: list[Action] = [Deliver(message, blob, source)] if deliver and not local else []
         targets = self.peers if flood or not self.mesh else self.mesh
@@ -317,6 +316,8 @@ class Router:
                 entry.known_by.add(peer)
             elif self.validator.seen.contains(message_id, now):
                 out += self.pending.holder_of_message(message_id, peer, self.peers)
+            elif len(wanted) >= self.config.max_ihave_ids:
+                continue  # one IWANT per IHAVE; the rest waits for the next announcement
             elif self._iwant_asked.get(message_id, -1e18) < now - self.config.iwant_timeout_s:
                 self._iwant_asked[message_id] = now
                 self._announcers[message_id] = [peer]
@@ -324,7 +325,7 @@ class Router:
             elif peer not in self._announcers.setdefault(message_id, []):
                 self._announcers[message_id].append(peer)  # asked elsewhere: remember a second holder
         if wanted:
-            out.append(Send(peer, IWant(self.config.run_id, tuple(wanted[: self.config.max_ihave_ids]))))
+            out.append(Send(peer, IWant(self.config.run_id, tuple(wanted))))
         return out
 
     def _on_iwant(self, peer: str, message: IWant, now: float) -> list[Action]:
@@ -364,8 +365,9 @@ class Router:
         return out + self.pending.failed(blob, peer, reason is not None, self.peers)
 
     def forget_blob(self, blob: str) -> None:
-        """The application removed `blob` from the store."""
+        """The application removed `blob` from the store: its headers are no longer announced or served."""
         self.local_blobs.discard(blob)
+        self.mcache.forget_payload(blob)
 
     # ---- local ------------------------------------------------------------------------------------
 
@@ -421,6 +423,9 @@ class Router:
             for peer in gossip_targets(self.peers, (), lambda p: True, cfg.d_lazy, self.rng):
                 px = self.table.sample(cfg.px_peers, self.rng, {peer, self.local.peer_id})
                 out.append(Send(peer, PeerExchange(cfg.run_id, px)))
+        if cfg.anti_entropy_every and self._heartbeats % cfg.anti_entropy_every == 0:
+            for peer in gossip_targets(self.peers, (), lambda p: not self.scores.graylisted(p), 1, self.rng):
+                out += self._announce_held(peer)
         self.mcache.shift()
         self._iwant_asked = {i: t for i, t in self._iwant_asked.items() if t >= now - cfg.iwant_timeout_s}
         self._announcers = {i: a for i, a in self._announcers.items() if i in self._iwant_asked}
@@ -471,12 +476,13 @@ class Router:
         self.progress = (slot, round_, state)
 
 
-def _is_signed(data: bytes) -> bool:
-    """Did a refused frame carry a signed (gossiped) message? Undecodable frames did not."""
+def _signed_id(data: bytes) -> bytes | None:
+    """The message id of a refused frame that carried a signed (gossiped) message, else None."""
     try:
-        return isinstance(wire.decode(data), Signed)
+        message = wire.decode(data)
     except RemoteProtocolError:
-        return False
+        return None
+    return message.message_id if isinstance(message, Signed) else None
 
 
 _HANDLERS: dict[type, Callable[[Router, str, object, float], list[Action]]] = {

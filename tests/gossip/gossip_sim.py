@@ -83,6 +83,7 @@ class SimNet:
         self._next_conn = 0
         self._frames: deque[tuple[int, str, int, bytes]] = deque()
         self._work: deque[tuple[int, Action]] = deque()
+        self.blocked: set[frozenset[int]] = set()  # pairs that cannot reach each other (partition)
         for i in range(n):
             ident = Identity.from_seed(bytes([i + 1]) * 32)
             boot = [addr(b) for b in (bootstrap or [])]
@@ -103,7 +104,7 @@ class SimNet:
     def connect(self, i: int, j: int, dialed: str | None = None) -> int | None:
         """Run a real handshake between i (dialer) and j; returns the connection id, None if refused."""
         a, b = self.nodes[i], self.nodes[j]
-        if not (a.up and b.up):
+        if not (a.up and b.up) or frozenset((i, j)) in self.blocked:
             return None
         self._next_conn += 1
         conn = self._next_conn
@@ -131,6 +132,19 @@ class SimNet:
         for k in notify:
             other = ends[1] if ends[0] == k else ends[0]
             self._run(k, self.nodes[k].router.disconnected(self.nodes[other].peer_id, conn, self.now))
+
+    def partition(self, *groups: list[int]) -> None:
+        """Cut every route between the groups: their connections close (both ends told, as when
+        chaos drops them) and dials across fail until `heal`."""
+        for g, group in enumerate(groups):
+            for other in groups[g + 1 :]:
+                self.blocked |= {frozenset((a, b)) for a in group for b in other}
+        for conn, (a, b) in list(self._conns.items()):
+            if frozenset((a, b)) in self.blocked:
+                self.close(conn, notify=(a, b))
+
+    def heal(self) -> None:
+        self.blocked.clear()
 
     def crash(self, i: int) -> None:
         """The node stops: nothing more from it, and nobody is told (half-open connections)."""
@@ -219,7 +233,7 @@ class SimNet:
     def _dial(self, i: int, action: Dial) -> None:
         node = self.nodes[i]
         target = next((n for n in self.nodes if addr(n.index) == action.address), None)
-        if target is None or not target.up or not node.up:
+        if target is None or not target.up or not node.up or frozenset((i, target.index)) in self.blocked:
             self._run(i, node.router.dial_failed(action.address, self.now))
             return
         if action.peer is not None and action.peer != target.peer_id:
@@ -232,7 +246,7 @@ class SimNet:
         holder = self.nodes[self.index_of(action.peer)]
         if not node.up:
             return
-        if not holder.up or action.blob not in holder.blobs:
+        if not holder.up or action.blob not in holder.blobs or frozenset((i, holder.index)) in self.blocked:
             self._run(i, node.router.fetch_failed(action.blob, action.peer, None, "unreachable", self.now))
             return
         data = holder.blobs[action.blob]
