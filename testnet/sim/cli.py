@@ -105,14 +105,15 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def _measured(text: str) -> float:
-    """A number, or a JSON report file with a top-level ``bytes_sent_per_node_per_step``."""
+    """A number, or a testnet ``report.json`` (its ``communication.bytes_per_node_step``)."""
     try:
         return float(text)
     except ValueError:
         doc = json.loads(Path(text).read_text())
-        if "bytes_sent_per_node_per_step" not in doc:
-            raise LocalProtocolError(f"{text}: no 'bytes_sent_per_node_per_step' key") from None
-        return float(doc["bytes_sent_per_node_per_step"])
+        try:
+            return float(doc["communication"]["bytes_per_node_step"])
+        except (KeyError, TypeError) as exc:
+            raise LocalProtocolError(f"{text}: no communication.bytes_per_node_step (a testnet report.json?)") from exc
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def test_run_and_bandwidth(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "DP 198.00 Gbit/s" in out and "[ring]" in out and "[gossip]" in out
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"bytes_sent_per_node_per_step": 1.0e7}))
+    report.write_text(json.dumps({"communication": {"bytes_per_node_step": 1.0e7}}))  # a testnet report.json
     assert main(["bandwidth", "--params", "1e9", "--step-seconds", "1", "--inner-steps", "100",
                  "--measured", str(report)]) == 0
     assert "measured 1e+07 B/node/step" in capsys.readouterr().out
