@@ -1,8 +1,12 @@
 """Shared test settings. Hypothesis runs derandomized in CI so a red build is reproducible."""
 
 import os
+import sys
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).parent))  # shared helpers such as `waiting`
 
 settings.register_profile(
     "ci",

@@ -14,6 +14,7 @@ from node.chaos import ChaosRoute, Slowdown
 from node.rounds import PeerRoundClock, ShouldStop
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
+from waiting import wait_for
 
 RUN = "chaos-test"
 
@@ -24,13 +25,6 @@ def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.Ho
     return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
                           bootstrap=bootstrap, goodbye_flush_s=0.2)
 
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_post_chaos_cuts_a_peer_for_the_given_seconds_then_it_comes_back(tmp_path: Path) -> None:

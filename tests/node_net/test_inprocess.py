@@ -15,6 +15,7 @@ from node.data import Dataset
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from node.train import InnerLoop
+from waiting import wait_for
 
 SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
 CONTRACT_FIELDS = {
@@ -28,14 +29,6 @@ def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), **extra) -> Node
     return NodeSettings(run_id="inproc", key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
                         peers=peers, overrides=SMALL, inner_steps=5, max_rounds=4, eval_every=2, eval_batches=1,
                         heartbeat_s=0.2, drain_timeout_s=30.0, **extra)
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def compile_once(settings: NodeSettings) -> None:

@@ -19,6 +19,7 @@ from protocol.identity import Identity
 from protocol.ledger import Ledger, LedgerConfig, UpdateMeta
 from protocol.messages import StateManifest
 from protocol.validation import Validator
+from waiting import wait_for
 
 RUN = "state-test"
 CONFIG = LedgerConfig(window=4)
@@ -41,14 +42,6 @@ def update(seed: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np
     meta = UpdateMeta(update_id=os.urandom(32), origin=f"peer{seed}", base_slot=base, publish_slot=publish,
                       tokens=100 + seed, inner_steps=5)
     return meta, {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path) -> None:

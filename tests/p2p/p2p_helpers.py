@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -19,6 +18,7 @@ from protocol.identity import Identity
 from protocol.messages import AnyMessage, Signed, UpdateHeader
 from protocol.seen import SeqnoSource
 from protocol.validation import Validator
+from waiting import wait_for  # noqa: F401  (re-exported)
 
 RUN = "test-run"
 POLL_S = 0.01
@@ -44,16 +44,6 @@ def host_config(tmp: Path, name: str, identity: Identity | None = None, **overri
 async def start(nursery: trio.Nursery, config: HostConfig) -> Host:
     """Start a host in `nursery`; `host.abort()` crashes it, `host.close()` says goodbye."""
     return await nursery.start(run, config)
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> float:
-    """Poll `predicate` until true; fail after `timeout` seconds. Returns the time it took."""
-    start_t = trio.current_time()
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(POLL_S)
-        return trio.current_time() - start_t
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def update_header(identity: Identity, payload: bytes, seqno: int) -> UpdateHeader:

@@ -84,7 +84,7 @@ async def test_sigterm_stops_a_background_testnet(tmp_path: Path) -> None:
     script = DRIVER.format(tests=str(Path(FAKE_NODE).parent), out=str(tmp_path))
     driver = await trio.lowlevel.open_process([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
                                               stderr=subprocess.PIPE,
-                                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+                                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), str(Path(__file__).parents[1])])})
     try:
         with trio.fail_after(40):
             def ready() -> bool:

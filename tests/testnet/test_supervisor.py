@@ -82,7 +82,7 @@ async def test_partition_posts_chaos_to_both_sides(tmp_path: Path) -> None:
     specs = fake_specs(tmp_path, 3)
     recorder = Recorder(tmp_path)
     sup = Supervisor(specs, fake_argv(), recorder, start_timeout=20, stop_grace=5, poll_interval=0.2)
-    plan = FaultPlan(nodes=3, duration=1.0, partitions=(Partition(0.2, 0.7, (0,), (1, 2)),))
+    plan = FaultPlan(nodes=3, duration=3.0, partitions=(Partition(0.2, 0.7, (0,), (1, 2)),))
     with trio.fail_after(30):
         await sup.run(plan)
     recorder.close()
@@ -161,7 +161,7 @@ async def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     not even ones that ignore SIGTERM, nor their children."""
     script = DRIVER.format(tests=str(Path(FAKE_NODE).parent), run_dir=str(tmp_path))
     driver = await trio.lowlevel.open_process([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+                                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), str(Path(__file__).parents[1])])})
     try:
         with trio.fail_after(30):
             await wait_for(lambda: sum(e["event"] == "ready" for e in events(tmp_path)) == 3, 25, interval=0.05)

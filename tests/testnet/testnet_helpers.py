@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-import trio
 
 from testnet.nodes import NodeSpec, prepare_nodes
+from waiting import wait_for  # noqa: F401  (re-exported)
 
 FAKE_NODE = str(Path(__file__).with_name("fake_node.py"))
 
@@ -33,9 +33,3 @@ def events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-
-async def wait_for(predicate, timeout: float, interval: float = 0.02) -> None:
-    """Poll `predicate()` until true; fail after `timeout` seconds."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(interval)
