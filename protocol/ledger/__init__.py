@@ -2,7 +2,7 @@
 slot-closing policy. Pure numpy, no I/O, no clock (time is an argument).
 
 Start with :class:`Ledger` (the state machine and its invariant) and :class:`SlotClosePolicy` (when to close
-the open slot). ``protocol.ledger.bench`` and ``protocol.ledger.demo`` are scripts, not imported here.
+the open slot). ``testnet.benchmarks.ledger_fold`` and ``protocol.ledger.demo`` are scripts, not imported here.
 """
 
 from protocol.ledger.aggregate import aggregate

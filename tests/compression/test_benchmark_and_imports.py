@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.benchmarks import codecs as bench
-from protocol.benchmarks import pseudograd
+from testnet.benchmarks import codecs as bench
+from testnet.benchmarks import pseudograd
 
 
 def test_benchmark_prints_every_codec_and_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,7 +40,7 @@ def test_adamw_delta_is_deterministic_and_finite() -> None:
 
 
 def test_importing_codecs_pulls_in_no_io_or_benchmarks() -> None:
-    forbidden = ("trio", "socket", "jax", "asyncio", "httpx", "protocol.benchmarks")
+    forbidden = ("trio", "socket", "jax", "asyncio", "httpx", "testnet.benchmarks")
     code = f"import sys, protocol.compression; print(sorted(m for m in {forbidden!r} if m in sys.modules))"
     repo = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo)

@@ -11,7 +11,7 @@ FORBIDDEN = (
     "httpx",
     "asyncio",
     "hypercorn",
-    "protocol.ledger.bench",
+    "testnet.benchmarks.ledger_fold",
     "protocol.ledger.demo",
 )
 

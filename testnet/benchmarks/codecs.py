@@ -1,8 +1,8 @@
 """Codec benchmark: size, error and speed of each pseudo-gradient codec on a realistic update.
 
-    python -m protocol.benchmarks.codecs [--params 10000000] [--repeats 5] [--sweep]
+    python -m testnet.benchmarks.codecs [--params 10000000] [--repeats 5] [--sweep]
 
-Draws an AdamW-like pseudo-gradient over a transformer's tensor shapes (protocol.benchmarks.pseudograd),
+Draws an AdamW-like pseudo-gradient over a transformer's tensor shapes (testnet.benchmarks.pseudograd),
 then per codec prints: compression ratio against fp32, relative L2 error ||x^ - x|| / ||x||, encode,
 decode and encode+decode throughput in MB of fp32 input per second (best of `--repeats`), each also as
 a ratio against a plain numpy copy of the same tensors timed in the same run, and whether the issue's
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from protocol.benchmarks import pseudograd
+from testnet.benchmarks import pseudograd
 from protocol.compression import BLOCK_SIZE, Codec, bf16, blockwise, decode_tensors, encode_tensors
 
 Tensors = dict[str, np.ndarray]

@@ -1,6 +1,6 @@
 """Benchmark: folding one late update into a 10M-parameter ledger vs one plain Nesterov outer step.
 
-Run: ``python -m protocol.ledger.bench [--params 10000000] [--window 4] [--per-slot 3] [--builds 2]``.
+Run: ``python -m testnet.benchmarks.ledger_fold [--params 10000000] [--window 4] [--per-slot 3] [--builds 2]``.
 
 Setup: four float32 tensors (one an embedding, so both aggregation paths run), a ledger that has closed
 ``window + 4`` slots with ``per-slot`` updates in each, radial-directional aggregation. The fold is timed
