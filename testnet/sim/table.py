@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -134,7 +135,9 @@ def run_cells(specs: Iterable[CellSpec], *, seed: int, reference: SimConfig | No
     if workers <= 1:
         return [_run_one(j) for j in jobs]
     order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0].chips * Policy.parse(jobs[i][0].policy).learners)
-    with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1)) as pool:
+    # spawn, not fork: the caller may have JAX (multithreaded) loaded, and forking it can deadlock
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, os.cpu_count() or 1), mp_context=spawn) as pool:
         done = dict(zip(order, pool.map(_run_one, [jobs[i] for i in order])))
     return [done[i] for i in range(len(jobs))]
 
