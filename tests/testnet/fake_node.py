@@ -43,7 +43,7 @@ def main():
         sys.exit(3)
     signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else (lambda *a: os._exit(0)))
     if args.grandchild:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
         with open(os.path.join(args.checkpoint_dir, "grandchild.pid"), "w") as f:
             f.write(str(child.pid))
     gossip = socket.socket()
@@ -91,7 +91,7 @@ def main():
         print("STOPPED 7 aa bb", flush=True)
         sys.exit(0)
     while True:
-        time.sleep(3600)
+        signal.pause()  # until the supervisor's signal ends the process
 
 
 if __name__ == "__main__":

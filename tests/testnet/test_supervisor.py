@@ -128,7 +128,7 @@ async def test_silent_node_times_out_with_clear_error(tmp_path: Path) -> None:
     recorder = Recorder(tmp_path)
 
     def silent(spec, gossip_port, http_port, peers):
-        return [sys.executable, "-c", "import sys, time; print('loading', file=sys.stderr, flush=True); time.sleep(60)"]
+        return [sys.executable, "-c", "import signal, sys; print('loading', file=sys.stderr, flush=True); signal.pause()"]
 
     sup = Supervisor(specs, silent, recorder, start_timeout=0.5, stop_grace=1)
     with trio.fail_after(30), pytest.raises(NodeStartError, match="no LISTENING line within 0.5 s") as info:
