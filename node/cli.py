@@ -90,13 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                     help="held-out bits-per-byte every ROUNDS rounds, and once before the first; 0: never "
                          "(default %(default)s)")
+    ev.add_argument("--eval-budget", type=float, default=0.02, metavar="FRACTION",
+                    help="postpone a due evaluation while evaluations took more than FRACTION of the process's "
+                         "time; 1: no limit (default %(default)s)")
     ev.add_argument("--eval-batches", type=int, default=4, metavar="N",
                     help="fixed held-out batches per evaluation (default %(default)s)")
     ev.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
                     help="checkpoints and blobs; a restart resumes from the newest valid checkpoint here "
                          "(default: none, blobs in a temporary directory)")
     ev.add_argument("--checkpoint-every", type=int, default=1, metavar="ROUNDS",
-                    help="write a checkpoint every ROUNDS rounds (default %(default)s)")
+                    help="write a checkpoint every ROUNDS rounds, at most one per --checkpoint-interval "
+                         "(default %(default)s)")
+    ev.add_argument("--checkpoint-interval", type=float, default=30.0, metavar="SECONDS",
+                    help="at least this long between checkpoints (the first one after the first round); written "
+                         "in the background while the next round trains (default %(default)s)")
     ev.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
                     help="checkpoints kept (default %(default)s)")
     ev.add_argument("--sync-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -124,7 +131,8 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers, data=args.data,
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+        checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
+        keep_checkpoints=args.keep_checkpoints, eval_budget=args.eval_budget,
         compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
         window=args.window, quorum=args.quorum, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,

@@ -12,7 +12,13 @@ A round, in order (`Rounds.run_round`):
    publish_slot = the replica's slot *now* (slots may have been caught up during the round); published;
    the dequantized Δ (exactly what receivers decode) is added to the own ledger.
 4. Unless it was the last round: wait until the update's slot is closed — by catch-up, or by this node
-   when `SlotClosePolicy.decide` says so (quorum, grace, deadline of about one inner step).
+   when `SlotClosePolicy.decide` says so (quorum, grace, deadline of about one inner step); the grace is
+   only waited out while a peer's update is due (`PeerRoundClock.due`).
+
+Every phase's wall time goes to `NodeStats.time_s` and one `round N timing:` log line. Between rounds
+(called by the runtime): `evaluate` when `evaluation_due` (every `--eval-every` rounds, within the
+`--eval-budget` share of the time), `checkpoint` when `checkpoint_due` (rounds and seconds; the state is
+taken at once, the file written in the background while the next round trains).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 import trio
 
 from node.chaos import Misbehave, Slowdown
@@ -60,6 +67,20 @@ class PeerRoundClock:
         """Median of the peers' round durations (None before two updates of one peer)."""
         return statistics.median(self._interval.values()) if self._interval else None
 
+    def due(self, now: float, until: float) -> int:
+        """How many peers may publish between `now` and `until`: those whose next update (the last one
+        plus their round time) falls in [now − half a round, until] — one overdue by more is late or
+        gone —, and those seen once, recently (their round time is not known yet)."""
+        typical = self.target_seconds()
+        n = 0
+        for origin, last in self._last.items():
+            interval = self._interval.get(origin)
+            if interval is None:
+                n += typical is None or now - last <= 2 * typical
+            elif now - 0.5 * interval <= last + interval <= until:
+                n += 1
+        return n
+
 
 class ShouldStop:
     """`InnerLoop.run`'s should_stop for one round (called in the worker thread before each step)."""
@@ -75,6 +96,18 @@ class ShouldStop:
         if self.stop():
             return True
         return self.calls > 1 and self.deadline is not None and time.monotonic() >= self.deadline
+
+
+class _PhaseClock:
+    """Wall time between successive `lap` calls, added to `phases[name]`."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.last = phases, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 class Rounds:
@@ -93,6 +126,11 @@ class Rounds:
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self.payloads: list[tuple[int, str]] = []  # (target slot, blob) of updates held, for clean-up
+        self._eval_s = 0.0  # duration of the last evaluation
+        self._eval_round = stats.round  # round of the last evaluation (or of the start)
+        self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
+        self._write_lock = trio.Lock()
+        self._writing = False  # a background checkpoint write is in flight
 
     @property
     def last_round(self) -> bool:
@@ -106,30 +144,51 @@ class Rounds:
             return None
         return max(0.0, target - (self.overhead_s or 0.0))
 
-    def _train(self, steps: int, should_stop: ShouldStop) -> RoundResult:
-        result = self.loop.run(steps, should_stop=should_stop)
+    def _train(self, base: dict[str, np.ndarray], should_stop: ShouldStop,
+               phases: dict[str, float]) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:
+        """Worker thread: start from `base`, run the round, and, unless it was interrupted, compress its
+        Δ (with error feedback). One thread hop for the three; their times go to `phases`."""
+        started = time.perf_counter()
+        self.loop.set_params(base)
+        phases["round_start"] += time.perf_counter() - started
+        result = self.loop.run(self.settings.inner_steps, should_stop=should_stop)
         self.slowdown.end_round()
-        return result
+        if self._interrupted(result):
+            return result, None
+        started = time.perf_counter()
+        compressed = compress(self.feedback, make_delta(base, result.params))
+        phases["compress"] = time.perf_counter() - started
+        return result, compressed
+
+    def _interrupted(self, result: RoundResult) -> bool:
+        return result.steps == 0 or (self.stop_requested() and result.steps < self.settings.inner_steps)
 
     async def run_round(self) -> bool:
         """One round (see the module docstring). False if it was interrupted (nothing published)."""
         started = trio.current_time()
+        phases: dict[str, float] = {}
+        clock = _PhaseClock(phases)
         base_slot = self.replica.slot
         base = await self.replica.params()
-        await trio.to_thread.run_sync(self.loop.set_params, base)
+        clock.lap("round_start")
+        round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget())
-        result = await trio.to_thread.run_sync(functools.partial(self._train, self.settings.inner_steps, should_stop))
-        if result.steps == 0 or (self.stop_requested() and result.steps < self.settings.inner_steps):
+        result, compressed = await trio.to_thread.run_sync(self._train, base, should_stop, phases)
+        clock.lap("train_hop")
+        phases["inner_steps"] = result.seconds
+        phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
+        if compressed is None:
             log.info("round %d interrupted after %d steps: not published", self.stats.round + 1, result.steps)
             return False
-        payload, dequantized = await trio.to_thread.run_sync(
-            lambda: compress(self.feedback, make_delta(base, result.params)))
+        payload, dequantized = compressed
         publish_slot = self.replica.slot
         signed = await self.host.publish_update(
             payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens, inner_steps=result.steps,
             codec=self.settings.compression, shapes=shapes_field(self.shapes))
+        clock.lap("publish")
         meta = update_meta(signed)
         outcome, _ = await self.replica.add(meta, dequantized)
+        clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
         log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes): %s",
@@ -138,10 +197,14 @@ class Rounds:
         if self.misbehave is not None:
             await self.misbehave.act(base_slot, publish_slot)
         if not self.last_round:
+            clock.lap("publish")
             await self.close_wait(meta.target_slot, result.steps)
+            clock.lap("close_wait")
         elapsed = trio.current_time() - started
         overhead = max(0.0, elapsed - result.seconds)
         self.overhead_s = overhead if self.overhead_s is None else 0.7 * self.overhead_s + 0.3 * overhead
+        self.stats.time_s.update(phases)
+        log.info("round %d timing: %s", self.stats.round, " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
         return True
 
     def _count(self, result: RoundResult) -> None:
@@ -155,12 +218,17 @@ class Rounds:
         self.policy.observe_step(result.seconds / result.steps)
 
     async def close_wait(self, target: int, steps: int) -> None:
-        """Wait until slot `target` is closed: by catch-up, or here when the policy says so."""
-        done_at = trio.current_time()
+        """Wait until slot `target` is closed: by catch-up, or here when the policy says so. The grace
+        window is only waited out while a peer's update may still land in it (`PeerRoundClock.due`):
+        with none due, or all due ones in, the slot closes at once."""
+        done_at, offset = trio.current_time(), self.host.now() - trio.current_time()
+        until = offset + done_at + self.policy.hold_seconds() + self.policy.transfer_ema  # Unix time
         while self.replica.slot < target and not self.stop_requested():
             now = trio.current_time()
-            decision = self.policy.decide(now=now, round_done_at=done_at, updates_in_slot=self.replica.open_count,
-                                          inner_steps=steps)
+            in_slot = self.replica.open_count
+            expected = in_slot + self.peer_clock.due(offset + now, until)  # no peer due: close at once
+            decision = self.policy.decide(now=now, round_done_at=done_at, updates_in_slot=in_slot,
+                                          inner_steps=steps, expected_updates=max(1, expected))
             if decision.close:
                 await self.replica.close_open(decision.why)
                 self.policy.observe_sync(trio.current_time() - now)
@@ -168,35 +236,83 @@ class Rounds:
             await self.wait_change(decision.wake_at)
 
     # ---- between rounds ---------------------------------------------------------------------------
+    def evaluation_due(self) -> bool:
+        """After a round: `--eval-every` rounds after the last evaluation, postponed while the evaluations
+        of this process took more than `--eval-budget` of its time (so that they cost at most that share)."""
+        every = self.settings.eval_every
+        if not every or self.stats.round - self._eval_round < every:
+            return False
+        spent = self.stats.time_s["evaluate"]
+        wall = time.time() - self.stats.started_at
+        return spent + self._eval_s <= self.settings.eval_budget * wall
+
     async def evaluate(self) -> float:
         """Held-out bits per byte of the global parameters; recorded in the stats."""
-        params = await self.replica.params()
-        bpb = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
+        started = time.perf_counter()
+        with self.stats.timed("evaluate"):
+            params = await self.replica.params()
+            bpb = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
+        self._eval_s, self._eval_round = time.perf_counter() - started, self.stats.round
         if math.isfinite(bpb):
             self.stats.eval_loss = bpb
             self.stats.eval_history.append([self.stats.tokens, time.time(), bpb])
         log.info("held-out %.4f bits/byte at slot %d (round %d)", bpb, self.replica.slot, self.stats.round)
         return bpb
 
-    async def checkpoint(self) -> None:
-        """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised."""
-        if self.checkpoints is None:
+    def checkpoint_due(self) -> bool:
+        """After a round: `--checkpoint-every` rounds and `--checkpoint-interval` seconds after the last
+        checkpoint of this process (the first one right after the first round)."""
+        if self.checkpoints is None or self._last_checkpoint is None:
+            return self.checkpoints is not None
+        last_round, last_at = self._last_checkpoint
+        return (self.stats.round - last_round >= self.settings.checkpoint_every
+                and trio.current_time() - last_at >= self.settings.checkpoint_interval_s)
+
+    async def checkpoint(self, background: trio.Nursery | None = None) -> None:
+        """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised.
+
+        The state (ledger snapshot, inner loop state, error-feedback residual, counters) is taken here,
+        between rounds, so the parts agree; encoding and writing (fsync included) run in a worker thread.
+        With `background`, that thread runs in a task of that nursery while the next round trains (skipped
+        if the previous write is still running); without, it is awaited. One write at a time, so the last
+        call (the final checkpoint) waits for a background write in flight and lands last.
+        """
+        if self.checkpoints is None or (background is not None and self._writing):
             return
-        ledger = await self.replica.snapshot_bytes()
-        meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
-                "slot": self.replica.slot, "updates_published": self.stats.updates_published,
-                "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time()}
+        with self.stats.timed("checkpoint"):
+            snapshot, _, _ = await self.replica.snapshot()
+            meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
+                    "slot": snapshot.slot, "updates_published": self.stats.updates_published,
+                    "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time()}
+            inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
+        self._last_checkpoint = (self.stats.round, trio.current_time())
+        checkpoints = self.checkpoints
 
         def work() -> None:
-            ckpt = Checkpoint(meta, ledger, self.loop.state_dict(), self.feedback.state_dict())
-            path = self.checkpoints.save(ckpt)
+            path = checkpoints.save(Checkpoint(meta, snapshot.to_bytes(), inner, feedback))
             if path is not None:
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 
-        await trio.to_thread.run_sync(work)
+        async def write(phase: str) -> None:
+            try:
+                async with self._write_lock:
+                    with self.stats.timed(phase):
+                        await trio.to_thread.run_sync(work)
+            finally:
+                self._writing = False
+
+        if background is None:
+            await write("checkpoint")
+        else:
+            self._writing = True
+            background.start_soon(write, "checkpoint_write_bg")
 
     def collect_garbage(self) -> None:
         """Delete payload blobs of updates more than two windows below the current slot."""
+        with self.stats.timed("blob_gc"):
+            self._collect_garbage()
+
+    def _collect_garbage(self) -> None:
         floor = self.replica.slot - 2 * self.replica.config.window
         keep = []
         for slot, blob in self.payloads:

@@ -37,9 +37,11 @@ class NodeSettings:
     max_rounds: int | None = None  # None: until a signal
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 1
+    checkpoint_interval_s: float = 30.0
     keep_checkpoints: int = 3
     compression: str = "int4"
     eval_every: int = 5
+    eval_budget: float = 0.02
     eval_batches: int = 4
     seed: int = 0
     window: int = 8
@@ -68,6 +70,10 @@ class NodeSettings:
                 _fail(f"{flag} must be >= {low}, got {value}")
         if self.max_rounds is not None and self.max_rounds < 0:
             _fail(f"--max-rounds must be >= 0, got {self.max_rounds}")
+        if not 0.0 < self.eval_budget <= 1.0:
+            _fail(f"--eval-budget must be in (0, 1], got {self.eval_budget}")
+        if not 0.0 <= self.checkpoint_interval_s < float("inf"):
+            _fail(f"--checkpoint-interval must be >= 0 seconds, got {self.checkpoint_interval_s}")
         if not self.slowdown >= 1.0:
             _fail(f"--slowdown must be >= 1, got {self.slowdown}")
         if not 0.0 < self.heartbeat_s <= 60.0:

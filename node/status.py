@@ -14,6 +14,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,12 @@ from p2p import Host, Kind, Request, Response
 from protocol.errors import Reason
 from node.replica import Replica
 
-__all__ = ["NodeStats", "StatusRoutes", "status_fields"]
+__all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
+
+# Where a node's wall time goes (`NodeStats.time_s`, `/status` "time_s"): inner steps, and everything else.
+# Phases ending in "_bg" run alongside the others (background threads) and are not part of the sum.
+PHASES = ("prepare", "sync", "round_start", "inner_steps", "train_hop", "compress", "publish", "ledger_add",
+          "close_wait", "evaluate", "checkpoint", "blob_gc", "drain", "checkpoint_write_bg")
 
 
 @dataclass
@@ -49,6 +55,16 @@ class NodeStats:
     rejections: Counter[str] = field(default_factory=Counter)  # node-level refusals (payload contents)
     sync: dict[str, Any] | None = None  # the state sync this process did, if any
     resumed_round: int | None = None  # round of the checkpoint this process resumed from
+    time_s: Counter[str] = field(default_factory=Counter)  # seconds of this process per phase (PHASES)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to `time_s[phase]` (trio thread)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.time_s[phase] += time.perf_counter() - start
 
     def observe_round(self, steps: int, seconds: float, tokens: int, loss: float) -> None:
         self.inner_steps += steps
@@ -105,6 +121,7 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "sync": stats.sync,
         "resumed_round": stats.resumed_round,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
+        "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},
     }
 
 

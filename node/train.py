@@ -172,6 +172,24 @@ class InnerLoop:
 
     # -- training ----------------------------------------------------------------------------------
 
+    def warm_up(self, eval_batches: Iterable[np.ndarray] = ()) -> float:
+        """Compile (or load from JAX's persistent cache) the train step and the evaluation step for the
+        shapes of this loop's batches and of `eval_batches`, on copies: no state changes, no batch is
+        drawn. Lets a node trace and compile while it does something else (its state sync) instead of in
+        its first round. Returns the seconds it took."""
+        start = time.perf_counter()
+        params = jax.tree.map(lambda x: x.copy(), self._params)
+        opt_state = jax.tree.map(lambda x: x.copy(), self._opt_state)
+        batch = jax.device_put(np.zeros((self.batches.batch_size, self.batches.seq_len + 1), np.int32),
+                               self._by_batch)
+        jax.block_until_ready(self._train_step(params, opt_state, batch))
+        for shape in sorted({np.shape(b) for b in eval_batches}):
+            sharding = self._by_batch if shape[0] % self.mesh.devices.size == 0 else self._replicated
+            jax.block_until_ready(self._steps.eval_step(self._params, jax.device_put(np.zeros(shape, np.int32),
+                                                                                      sharding)))
+        return time.perf_counter() - start
+
+
     def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None) -> RoundResult:
         """Run up to `steps` inner steps and return the round's result. Blocks until done.
 

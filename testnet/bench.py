@@ -64,17 +64,24 @@ def _last_eval_tokens(report: dict[str, Any]) -> float:
 
 
 def bench_goodput(a: argparse.Namespace) -> None:
-    o = Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0, downtime=15.0, seed=a.seed, baseline=True,
+    o = Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0, downtime=15.0, seed=a.seed, baseline=a.baseline,
                 out=a.out, progress="plain", model=a.model, inner_steps=a.inner_steps, solo_seconds=a.solo_seconds)
     r = _run(o)
     gp, dp = r["goodput"]["value"], r["baseline_goodput"]["same_failures"]
-    print(f"\n== goodput: {a.nodes} nodes, {a.minutes:g} min, one random kill every 30 s, 15 s downtime "
-          f"(seed {a.seed}; {r['run']['restarts']} restarts; run {r['run_dir']})")
+    print(f"\n== goodput: {a.nodes} nodes, {a.minutes:g} min, H={a.inner_steps}, one random kill every 30 s, 15 s "
+          f"downtime (seed {a.seed}; {r['run']['restarts']} restarts; run {r['run_dir']})")
     print(f"goodput {gp:.3f} (from launch {r['goodput']['from_launch']:.3f}); data-parallel, same kills "
           f"{dp:.3f} (stalled {r['baseline_goodput']['stalled_s']:.0f} of {r['run']['window_s']:.0f} s)")
     print(f"nodes never killed: goodput {r['goodput']['never_killed']}; overlap (steps/s in the network / alone, "
           f"same machine load) {r['overlap']['value']}; communication ratio {r['communication']['ratio']}x less "
           f"than ring all-reduce")
+    shares = r.get("time", {}).get("never_killed", {}).get("fractions")
+    if shares:
+        print("time of nodes never killed: " + " · ".join(f"{k} {v:.3f}" for k, v in shares.items()))
+    joins = [j["join_s"] for j in r["joins"] if j["process"] > 0 and j["join_s"] is not None]
+    if joins:
+        print(f"restarted processes, start -> first contributed update: median {np.median(joins):.1f} s "
+              f"(min {min(joins):.1f}, max {max(joins):.1f}, {len(joins)} processes)")
     print(f"held-out bpb: nodes {r['quality']['mean_final_bpb']}, data-parallel at the same tokens "
           f"{r['quality']['baseline_final_bpb']}")
     print(f"targets:\n  goodput >= 0.9                 {gp:.3f}  {_verdict(gp >= 0.9)}")
@@ -129,11 +136,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--solo-seconds", type=float, default=45.0, help="solo run for the overlap figure (goodput)")
     p.add_argument("--model", default="tiny")
-    p.add_argument("--inner-steps", type=int, default=20)
+    p.add_argument("--inner-steps", type=int, default=None,
+                   help="inner steps per round (default: 50 for goodput, 20 for slow). Goodput uses 50: a "
+                        "round's fixed costs (publish, outer step, grace) weigh 1/H, while a kill loses half a "
+                        "round on average; 50 is the better trade at one kill every 30 s (BENCHMARKS.md)")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="goodput: skip the data-parallel training run (its quality figure); the data-parallel "
+                        "goodput under the same kills is computed from the schedule either way")
     p.add_argument("--from-runs", nargs=2, metavar=("UNIFORM", "SLOWED"),
                    help="slow: recompute the figures from two earlier run directories instead of running")
     a = p.parse_args(argv)
+    if a.inner_steps is None:
+        a.inner_steps = 50 if a.which == "goodput" else 20
     (bench_goodput if a.which == "goodput" else bench_slow)(a)
     return 0
 

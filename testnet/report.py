@@ -22,6 +22,11 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   by SIGTERM while training, every pair of honest nodes was seen holding the same ledger digest after
   the last fault.
 - join time: `first_update_at − started_at` per process; recovery: first update after a restart − kill.
+- time breakdown: where the processes' wall time went, from each process's last `/status` `time_s`
+  (seconds per phase: inner steps, compress, publish, slot-close wait, evaluation, checkpoint, ...), as
+  fractions of the processes' wall time from start to last sample; `other` is the rest (start-up
+  before the node's clock began, thread hops, the loop between rounds); phases ending in `_bg` ran in
+  the background, alongside the others, and are not subtracted.
 """
 
 from __future__ import annotations
@@ -136,6 +141,27 @@ def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool]:
     return rows, rejoined
 
 
+def _time_breakdown(tl: Timeline, nodes: set[int] | None = None) -> dict[str, Any]:
+    """Fractions of the processes' wall time per phase (see the module docstring); None if no process
+    reported `time_s`. `nodes`: only these nodes' processes."""
+    totals: Counter[str] = Counter()
+    wall = 0.0
+    for (node, _), inc in tl.incs.items():
+        if nodes is not None and node not in nodes or not inc.samples:
+            continue
+        phases, started = inc.last.get("time_s"), inc.last.get("started_at")
+        if not isinstance(phases, dict) or not isinstance(started, (int, float)):
+            continue
+        wall += max(0.0, inc.samples[-1][0] - started)
+        totals.update({str(k): float(v) for k, v in phases.items() if isinstance(v, (int, float))})
+    if wall <= 0:
+        return {"fractions": None, "wall_s": 0.0}
+    fractions = {k: _round(v / wall) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+    inline = sum(v for k, v in totals.items() if not k.endswith("_bg"))  # "_bg": alongside the others
+    fractions["other"] = _round(max(0.0, 1 - inline / wall))
+    return {"fractions": fractions, "wall_s": _round(wall, 2)}
+
+
 def _rejections(tl: Timeline) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
     total: Counter[str] = Counter()
     per_node: dict[int, Counter[str]] = {}
@@ -232,6 +258,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
         "agreement": _agreement(tl, honest),
         "rejections": {"total": total, "per_node": {str(k): v for k, v in per_reason_node.items()}},
         "joins": joins, "rejoined": rejoined,
+        "time": {"all": _time_breakdown(tl), "never_killed": _time_breakdown(tl, set(range(meta.nodes)) - killed)},
         "quality": {"final_bpb": {str(k): _round(v) for k, v in finals.items()}, "mean_final_bpb": _round(mean_final),
                     "late_mean_bpb": _round(statistics.mean(late)) if late else None, "late_evaluations": len(late),
                     "baseline_final_bpb": _round(base_final),
@@ -274,6 +301,10 @@ def to_markdown(fig: dict[str, Any]) -> str:
     out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", "",
            "| figure | value | detail |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    shares = (fig.get("time") or {}).get("never_killed", {}).get("fractions")
+    if shares:
+        out += ["", "Where the time of nodes never killed went (share of their processes' wall time):", "",
+                " · ".join(f"{k} {v:.3f}" for k, v in shares.items())]
     out += ["", "| node | process | join (s) | recovery after kill (s) | killed |", "|---|---|---|---|---|"]
     out += [f"| {j['node']} | {j['process']} | {_fmt(j['join_s'], '.1f')} | {_fmt(j['recovery_s'], '.1f')} | "
             f"{'yes' if j['killed'] else ''} |" for j in fig["joins"]]

@@ -135,3 +135,16 @@ def test_run_works_from_a_worker_thread(loop):
     worker.start()
     worker.join(timeout=120)
     assert not worker.is_alive() and results[0].steps == 2
+
+
+def test_warm_up_compiles_without_changing_the_state(config, dataset):
+    loop = InnerLoop(config.model, config.inner, dataset.batcher("peer-warm"))
+    before = loop.state_dict()
+    assert loop.warm_up(dataset.heldout_batches(2)) > 0
+    after = loop.state_dict()
+    assert before.keys() == after.keys()
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+    assert loop._train_step._cache_size() >= 1
+    result = loop.run(2)  # the donated copies were the warm-up's own: the loop still trains
+    assert result.steps == 2 and all(math.isfinite(x) for x in result.losses)

@@ -50,9 +50,13 @@ def test_three_nodes_train_and_stop_equal_and_a_joiner_syncs(cluster) -> None:
     assert len(set(lines)) == 1, "\n".join(lines)
     slot = int(lines[0].split()[1])
     assert slot >= 10, "every node's slot advanced past its own round count"
+    founder = last[a.peer_id]["eval_history"]
+    assert founder[0][0] == 0 and founder[0][2] > 7.0 and founder[-1][2] < founder[0][2] - 2.0, founder
     for status in last.values():
         history = status["eval_history"]
-        assert len(history) >= 4 and history[-1][2] < history[0][2] - 0.5, f"loss fell: {history}"
+        # A joiner's first evaluation is of the state it synced (how far the founder got first varies),
+        # so the check is against the initial parameters' ~7.9 bits per byte.
+        assert len(history) >= 4 and history[-1][2] < 6.0, f"loss fell: {history}"
         assert status["loss"] is not None and status["contributed_step_seconds"] > 0
         assert not status["updates_rejected"].get("non_finite") and not status["updates_rejected"].get("shape_mismatch")
 

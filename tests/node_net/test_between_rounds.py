@@ -1,0 +1,117 @@
+"""Tier (a)/(b): what a node does between rounds — evaluations within their time budget, checkpoints by
+rounds and elapsed time, written in the background and always landing in order — with a small numpy
+ledger and a fake inner loop (no JAX, no network)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import trio
+import trio.testing
+
+from node.checkpoint import CheckpointDir
+from node.replica import Replica
+from node.rounds import PeerRoundClock, Rounds
+from node.settings import NodeSettings
+from node.status import NodeStats
+from protocol.compression import ErrorFeedback
+from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, SlotClosePolicy
+
+SHAPES = {"b": (3,), "w": (4, 4)}
+
+
+class FakeLoop:
+    """The two methods of `InnerLoop` a checkpoint uses; `evaluate` returns a fixed loss."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"step": np.asarray(self.step, np.int64)}
+
+    def evaluate(self, batches, params=None) -> float:
+        return 1.5
+
+
+def make_rounds(tmp: Path, **settings) -> Rounds:
+    s = NodeSettings(run_id="r", key_path=tmp / "key", checkpoint_dir=tmp / "ckpt", **settings)
+    stats = NodeStats("p")
+    ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=4))
+    checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
+    return Rounds(settings=s, host=None, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
+                  stats=stats, policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES, heldout=[],
+                  checkpoints=checkpoints, stop_requested=lambda: False, wait_change=None)
+
+
+def test_evaluations_are_due_every_n_rounds_within_their_share_of_the_time(tmp_path: Path) -> None:
+    rounds = make_rounds(tmp_path, eval_every=2, eval_budget=0.02)
+    stats = rounds.stats
+    stats.started_at = time.time() - 100.0  # 100 s of wall time: a budget of 2 s
+    stats.round = 1
+    assert not rounds.evaluation_due(), "every 2 rounds"
+    stats.round = 2
+    assert rounds.evaluation_due()
+    stats.time_s["evaluate"] = 2.5  # over the budget: postponed ...
+    stats.round = 4
+    assert not rounds.evaluation_due()
+    stats.started_at -= 100.0  # ... until the share is below 2% again, even between multiples of 2
+    stats.round = 5
+    assert rounds.evaluation_due()
+    assert not make_rounds(tmp_path / "never", eval_every=0).evaluation_due()
+
+
+async def test_evaluate_records_the_point_and_its_time(tmp_path: Path) -> None:
+    rounds = make_rounds(tmp_path, eval_every=1, eval_budget=1.0)
+    rounds.stats.round = 3
+    assert await rounds.evaluate() == 1.5
+    assert rounds.stats.eval_history[-1][2] == 1.5 and rounds.stats.time_s["evaluate"] > 0
+    assert not rounds.evaluation_due(), "evaluated at this round already"
+
+
+def test_checkpoints_follow_rounds_and_seconds_and_land_in_order(tmp_path: Path) -> None:
+    clock = trio.testing.MockClock()
+    rounds = make_rounds(tmp_path, checkpoint_every=2, checkpoint_interval_s=30.0)
+    stats, directory = rounds.stats, rounds.checkpoints
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            stats.round = 1
+            assert rounds.checkpoint_due(), "the first one right after the first round"
+            await rounds.checkpoint(background=nursery)
+            await trio.testing.wait_all_tasks_blocked()  # the write task holds the lock now ...
+            async with rounds._write_lock:  # ... until its file is written
+                pass
+            assert [p.name for p in directory.paths()] == ["ckpt-00000001.dlc"]
+            stats.round = 3
+            assert not rounds.checkpoint_due(), "2 rounds but not 30 s"
+            clock.jump(31.0)
+            stats.round = 2
+            assert not rounds.checkpoint_due(), "30 s but not 2 rounds"
+            stats.round = 3
+            assert rounds.checkpoint_due()
+            await rounds.checkpoint(background=nursery)  # in flight ...
+            stats.round = 4
+            await rounds.checkpoint()  # ... the final one waits for it and lands last
+            assert not rounds._writing
+        assert [p.name for p in directory.paths()] == ["ckpt-00000004.dlc", "ckpt-00000003.dlc", "ckpt-00000001.dlc"]
+        newest = directory.latest()
+        assert newest.round == 4 and newest.meta["slot"] == 0 and int(newest.inner["step"]) == 0
+        assert stats.time_s["checkpoint"] > 0
+
+    trio.run(main, clock=clock)
+
+
+def test_peers_due_are_those_whose_next_update_may_land_before_the_deadline() -> None:
+    clock = PeerRoundClock()
+    assert clock.due(0.0, 1.0) == 0, "no peer known: nothing to wait for"
+    clock.observe("new", 0.0)
+    assert clock.due(1.0, 2.0) == 1, "seen once, round time unknown: may come"
+    for t in (0.0, 10.0, 20.0):
+        clock.observe("a", t)  # next expected at 30
+        clock.observe("b", t + 5.0)  # next expected at 35
+    assert clock.due(29.0, 30.5) == 1, "a is due, b is not yet"
+    assert clock.due(29.0, 36.0) == 2
+    assert clock.due(44.0, 45.0) == 0, "both overdue by more than half a round: late or gone"
+    assert clock.due(24.0, 26.0) == 0, "'new' was seen too long ago (more than two typical rounds)"
