@@ -4,8 +4,8 @@ Serving. `GET /state` answers the canonical bytes of this node's latest signed `
 origin, slot, ledger and params digests, and one blob, `ledger`: the `LedgerSnapshot` bytes, which hold
 the window-bottom parameters and momentum, every update in the window and the seen ids). The snapshot
 is made on demand, at most once per ledger change, stored as a content-addressed blob (served by
-`GET /blobs/<sha256>`) and announced with `Host.publish_manifest`; the last two snapshot blobs are kept
-so a download in progress survives the next request. 503 while this node has no state.
+`GET /blobs/<sha256>`) and announced with `Host.publish_manifest`; the last `KEEP_SNAPSHOTS` snapshot
+blobs are kept so a download in progress survives the next requests. 503 while this node has no state.
 
 Joining (`sync_state`). Ask every connected peer for its manifest (each one is verified like a gossiped
 message: schema, run id, signature, and its origin must be the peer asked), then `choose`: the freshest
@@ -34,13 +34,14 @@ from protocol.wire import encode
 from node.replica import Replica
 
 __all__ = ["Choice", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest", "fetch_manifests",
-           "sync_state"]
+           "read_peer_blob", "sync_state"]
 
 log = logging.getLogger("node.join")
 
 STATE_PATH = "/state"
 LEDGER_BLOB = "ledger"
 MANIFEST_TYPE = "application/x-diloco-manifest"
+KEEP_SNAPSHOTS = 6  # snapshot blobs kept for downloads in progress (repairs ask every round after a fork)
 
 
 class StateServer:
@@ -66,15 +67,16 @@ class StateServer:
         assert replica is not None
         async with self._lock:
             version = replica.version
-            if self._cached is not None and self._cached[0] == version:
+            if self._cached is not None and self._cached[0] == version and self.host.store.has(self._blobs[-1]):
                 return self._cached[1]
             snap, ledger_digest, params_digest = await replica.snapshot()
             data = await trio.to_thread.run_sync(snap.to_bytes)
             blob = await self.host.add_blob(data)
             signed = await self.host.publish_manifest(snap.slot, ledger_digest, params_digest, [(LEDGER_BLOB, blob)])
-            if blob not in self._blobs:
-                self._blobs.append(blob)
-            while len(self._blobs) > 2:
+            if blob in self._blobs:
+                self._blobs.remove(blob)
+            self._blobs.append(blob)  # newest last: the cached manifest's blob is `_blobs[-1]`
+            while len(self._blobs) > KEEP_SNAPSHOTS:
                 old = self._blobs.pop(0)
                 self.host.store.remove(old)
                 self.host.router.forget_blob(old)
@@ -168,6 +170,23 @@ async def fetch_manifests(client: httpx.AsyncClient, host: Host, run_id: str) ->
     return out, bool(asked) and len(syncing) == len(asked)
 
 
+async def read_peer_blob(host: Host, blob: str, size: int, peer: str) -> bytes:
+    """The bytes of `peer`'s blob `blob` (a state snapshot), fetched for one use. Removed from the store
+    afterwards, unless this node held it already: equal states can have equal snapshot bytes, and then
+    the blob is this node's own served snapshot (removing it made the peers' downloads of it fail).
+    Raises TransportError (nobody served it, or it could not be read)."""
+    had = host.store.has(blob)
+    path = await host.fetch_blob(blob, size, [peer])
+    try:
+        return await trio.to_thread.run_sync(path.read_bytes)
+    except OSError as exc:
+        raise TransportError(f"blob {blob[:12]}: {exc}", peer=peer) from exc
+    finally:
+        if not had:
+            host.store.remove(blob)
+            host.router.forget_blob(blob)
+
+
 @dataclass(frozen=True)
 class SyncResult:
     ledger: Ledger
@@ -185,13 +204,13 @@ async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mappin
             continue
         blob, size = refs[LEDGER_BLOB]
         try:
-            path = await host.fetch_blob(blob, size, [manifest.origin])
+            data = await read_peer_blob(host, blob, size, manifest.origin)
         except TransportError as exc:
             failures.append(f"{manifest.origin}: {exc}")
             continue
 
         def work() -> SyncResult:
-            snap = LedgerSnapshot.from_bytes(path.read_bytes())
+            snap = LedgerSnapshot.from_bytes(data)
             ledger = Ledger.from_snapshot(snap, config, shapes)
             if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
                 raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
@@ -202,9 +221,6 @@ async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mappin
         except RemoteProtocolError as exc:
             host.counters.rejected(manifest.origin, exc.reason)
             failures.append(f"{manifest.origin}: {exc}")
-        finally:
-            host.store.remove(blob)
-            host.router.forget_blob(blob)
     raise TransportError(f"no origin served a usable state: {'; '.join(failures)}")
 
 

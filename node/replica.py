@@ -6,8 +6,16 @@ Contract:
 - Catch-up: after every add, while an update is held for a slot past the open one, the open slot is
   closed. An update for slot t proves its sender closed slot t-1, so this node is behind; closing
   never runs ahead of the updates it holds (invariant: `slot <= max target slot of any update held`).
-- `set_hash` is an order-independent hash of the set of update ids the ledger has seen (applied, held
-  or dropped). Two replicas with the same set have the same hash; the drain compares them.
+- `set_hash` is an order-independent hash of the set of update ids the ledger has seen (applied, held,
+  dropped or orphaned). `agreement_hex()` combines it with the ledger's placement sum (which update sits
+  at which slot, `protocol.ledger.fork`): two replicas with the same seen ids and the same placements
+  (equal after closing the same slots) have the same agreement hash, whatever order things arrived in and
+  however many slots each has closed; the drain compares it, so replicas whose histories forked keep
+  differing there until the fork choice has reconciled them.
+- Fork choice (`node.repair` decides): `propose` stores a verified heavier peer state; `adopt_pending`
+  installs it *between rounds* (the runtime calls it where no round is in flight, and resets the error
+  feedback when it returns a result), re-adds this replica's own updates the new state can place at their
+  target slot, and marks the rest of its seen ids as seen there (orphaned).
 - `changed()` fires after every operation that changed the ledger (for waiters such as the slot-close
   wait and the drain).
 """
@@ -18,14 +26,15 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import trio
 
-from protocol.ledger import ClosedSlot, Ledger, LedgerSnapshot, Outcome, UpdateMeta
+from protocol.ledger import ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, UpdateMeta
 
-__all__ = ["APPLIED", "IdSetHash", "Replica"]
+__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica"]
 
 log = logging.getLogger("node.replica")
 T = TypeVar("T")
@@ -54,6 +63,32 @@ class IdSetHash:
         return self.value.to_bytes(32, "big").hex()[:chars]
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """A heavier peer state the fork choice decided to adopt (loaded and checked against its manifest)."""
+
+    ledger: Ledger
+    origin: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """What `Replica.adopt_pending` did: whose state, own updates re-added, own ids orphaned."""
+
+    origin: str
+    carried: int
+    orphaned: int
+    slot: int
+
+
+def _catch_up(ledger: Ledger) -> list[ClosedSlot]:
+    closed = []
+    while ledger.held_future() and max(ledger.held_future()) > ledger.slot + 1:
+        closed.append(ledger.close_slot())
+    return closed
+
+
 class Replica:
     """Owner of one `Ledger` (see the module docstring). Read-only properties are cheap and current."""
 
@@ -65,6 +100,8 @@ class Replica:
         self.released = 0  # held updates moved into a newly opened slot by this process
         self.closed_here = 0  # slots this process closed
         self.version = 0  # +1 per change
+        self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
+        self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
         self._install(ledger, seen_ids)
 
     def _install(self, ledger: Ledger, seen_ids: Iterable[bytes]) -> None:
@@ -82,6 +119,13 @@ class Replica:
         self.held = led.held_future()
         self.shapes = led.shapes
         self.config = led.config
+        self.placement = led.totals().placement
+
+    def agreement_hex(self) -> str:
+        """Hash of (seen-id set, placement sum): see the module docstring."""
+        placement = (self.placement % (1 << 256)).to_bytes(32, "big")
+        seen = self.set_hash.value.to_bytes(32, "big")
+        return hashlib.sha256(b"diloco/agreement/v1\0" + seen + placement).hexdigest()
 
     @property
     def max_known_slot(self) -> int:
@@ -138,10 +182,7 @@ class Replica:
         return outcome, closed
 
     def _catch_up(self) -> list[ClosedSlot]:
-        closed = []
-        while self._ledger.held_future() and max(self._ledger.held_future()) > self._ledger.slot + 1:
-            closed.append(self._ledger.close_slot())
-        return closed
+        return _catch_up(self._ledger)
 
     def _count(self, closed: list[ClosedSlot], why: str = "catch-up") -> None:
         for i, c in enumerate(closed):
@@ -204,6 +245,64 @@ class Replica:
 
     async def replace(self, ledger: Ledger, seen_ids: Iterable[bytes]) -> None:
         """Adopt another ledger (a state sync); outcome counters of this process are kept."""
+        self.pending = None
         async with self._lock:
             await trio.to_thread.run_sync(self._install, ledger, seen_ids)
         self._notify()
+
+    # ---- fork choice (protocol.ledger.fork) --------------------------------------------------------
+    async def view(self) -> LedgerView:
+        return await self._run(self._ledger.view)
+
+    async def ignore(self, update_ids: Iterable[bytes]) -> int:
+        """Mark ids as seen without applying them (`Ledger.ignore`); returns how many were new."""
+        wanted = set(update_ids)
+
+        def work() -> list[bytes]:
+            new = [i for i in wanted if not self._ledger.has_seen(i)]
+            self._ledger.ignore(new)
+            return new
+
+        new = await self._run(work) if wanted else []
+        for update_id in new:
+            self.set_hash.add(update_id)
+        if new:
+            self.outcomes["orphaned"] += len(new)
+            self._notify()
+        return len(new)
+
+    def take_rechecks(self) -> list[str]:
+        """Peers to compare with again (the last comparison found a fork), once each: a comparison that
+        finds the fork again puts the peer back. Verdicts taken while the updates of a partition were
+        still in a window can differ between the two sides once; comparing until compatible settles it."""
+        peers, self.forked_with = sorted(self.forked_with), set()
+        return peers
+
+    def propose(self, proposal: Proposal) -> None:
+        """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
+        self.pending = proposal
+
+    async def adopt_pending(self) -> Adopted | None:
+        """Install the pending proposal, if any (call only where no round is in flight: the caller then
+        resets its error feedback). Own updates the new state has not seen are re-added if it can place
+        them at their target slot (above its window bottom), the rest of the own seen ids are marked seen
+        there (orphaned)."""
+        proposal, self.pending = self.pending, None
+        if proposal is None:
+            return None
+
+        def work() -> tuple[int, int, list[ClosedSlot]]:
+            new = proposal.ledger
+            carried, orphaned = new.carry_from(self._ledger)
+            closed = _catch_up(new)
+            self._install(new, new.seen_ids())
+            return carried, orphaned, closed
+
+        carried, orphaned, closed = await self._run(work)
+        self._count(closed, "adoption")
+        self.outcomes["fork-adopted"] += 1
+        self.outcomes["orphaned"] += orphaned
+        self._notify()
+        log.warning("adopted the state of %s (%s): now at slot %d; %d own updates re-added, %d orphaned",
+                    proposal.origin, proposal.why, self.slot, carried, orphaned)
+        return Adopted(proposal.origin, carried, orphaned, self.slot)

@@ -134,6 +134,7 @@ class NodeRuntime:
             async with trio.open_nursery() as nursery:
                 self.host = await nursery.start(p2p.run, self._host_config(data_dir))
                 self._background = await nursery.start(self._background_tasks)
+                self._nursery = nursery  # background checkpoint writes: `_finish` waits for them
                 self.status = StatusRoutes(self.stats, self.host)
                 self.status.mount()
                 self.state_server = StateServer(self.host)
@@ -142,15 +143,22 @@ class NodeRuntime:
                     ChaosRoute(self.host).mount()
                 self._progress("syncing")
                 task_status.started(self)
-                await self._prepare()
+                with self.stats.timed("prepare"):
+                    await self._prepare()
+                warm = trio.Event()
+                nursery.start_soon(self._warm_up, warm)  # compiles while the sync waits on the network
                 if self.settings.peers and not self.stop_requested():
-                    await self._join()
+                    with self.stats.timed("sync"):
+                        await self._join()
+                with self.stats.timed("warm_up"):
+                    await warm.wait()
                 self._start_training()
                 drained = False
                 while not self.stop_requested() and not self.rounds.last_round:
                     await self._one_round()
                 if not self.stop_requested():
-                    drained = await self._drain()
+                    with self.stats.timed("drain"):
+                        drained = await self._drain()
                 self.result = await self._finish(drained)
                 nursery.cancel_scope.cancel()
         return self.result
@@ -176,24 +184,28 @@ class NodeRuntime:
                               bootstrap=s.peers, gossip=gossip, accept=accept_hook(self.shapes))
 
     async def _prepare(self) -> None:
-        """Data, inner loop, ledger (checkpoint or initial parameters), first evaluation."""
+        """Data, inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
+        its parameters, without running the initialisers), else from the seed's initial parameters."""
         cfg = self.cfg
 
         def build() -> tuple[InnerLoop, list, Ledger, LedgerSnapshot | None, Checkpoint | None]:
             dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
-            loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
             heldout = dataset.heldout_batches(self.settings.eval_batches)
             ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
             if ckpt is not None:
                 try:
                     snap = LedgerSnapshot.from_bytes(ckpt.ledger)
                     ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes)
+                    params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
+                    loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher(), params=params)  # no initialiser run
                     loop.load_state_dict(ckpt.inner)
                     self.feedback.load_state_dict(ckpt.feedback)
                 except (RemoteProtocolError, LocalProtocolError) as exc:
                     log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
+                    self.feedback.reset()
                 else:
                     return loop, heldout, ledger, snap, ckpt
+            loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
             return loop, heldout, Ledger(loop.params, self.ledger_config), None, None
 
         self.loop, self.heldout, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
@@ -204,6 +216,15 @@ class NodeRuntime:
         self.replica = Replica(ledger, snap.seen if snap is not None else ())
         self.status.replica = self.replica
         log.info("model ready: %d tensors; ledger at slot %d", len(self.shapes), self.replica.slot)
+
+    async def _warm_up(self, done: trio.Event) -> None:
+        """Compile the train and evaluation steps (`InnerLoop.warm_up`) in a worker thread; sets `done`."""
+        try:
+            batches = self.heldout if self.settings.eval_every else ()
+            seconds = await trio.to_thread.run_sync(self.loop.warm_up, batches)
+            log.info("train and evaluation steps compiled in %.2f s", seconds)
+        finally:
+            done.set()
 
     async def _join(self) -> None:
         replica = self.replica
@@ -251,19 +272,23 @@ class NodeRuntime:
             self._resync = False
             log.warning("far behind the peers: syncing their state again")
             await self._join()
+        if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
+            self.feedback.reset()  # the residual belonged to the parameters we had
         for peer in self._returned_peers():
             log.info("%s is back: pulling what it holds and we missed", peer)
             self._background.start_soon(self._repair, peer)
-        rounds, every = self.rounds, self.settings.eval_every
-        if every and not self.stats.eval_history:
-            await rounds.evaluate()  # the starting point of the curve
+        for peer in self.replica.take_rechecks():  # forked at the last comparison: compare again
+            self._background.start_soon(self._repair, peer)
+        rounds = self.rounds
+        if self.settings.eval_every and not self.stats.eval_history:
+            await rounds.evaluate()  # the starting point of the curve (compiled by the warm-up)
         if not await rounds.run_round():
             return
         self._progress("training")
-        if every and self.stats.round % every == 0:
+        if rounds.evaluation_due():
             await rounds.evaluate()
-        if self.stats.round % self.settings.checkpoint_every == 0:
-            await rounds.checkpoint()
+        if rounds.checkpoint_due():
+            await rounds.checkpoint(background=self._nursery)  # written while the next round trains
         rounds.collect_garbage()
 
     # ---- peers' updates ---------------------------------------------------------------------------
@@ -308,7 +333,9 @@ class NodeRuntime:
         tracker = DrainTracker(trio.current_time(), quiet)
         log.info("draining: waiting for the peers (gives up after %.0f s without progress)", quiet)
         while not self.stop_requested():
-            own = drain_state(self.replica.set_hash.hex())
+            if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
+                self.feedback.reset()
+            own = drain_state(self.replica.agreement_hex())
             self._progress(own)
             graylist = self.host.router.config.score.graylist  # peers we no longer gossip with: not waited for
             peers = [PeerView(p.peer_id, p.state, p.slot, p.round) for p in self.host.peers() if p.score >= graylist]

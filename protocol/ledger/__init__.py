@@ -2,11 +2,13 @@
 slot-closing policy. Pure numpy, no I/O, no clock (time is an argument).
 
 Start with :class:`Ledger` (the state machine and its invariant) and :class:`SlotClosePolicy` (when to close
-the open slot). ``testnet.benchmarks.ledger_fold`` and ``protocol.ledger.demo`` are scripts, not imported here.
+the open slot); :func:`reconcile` is the fork choice between replicas whose histories cannot be
+merged. ``testnet.benchmarks.ledger_fold`` and ``protocol.ledger.demo`` are scripts, not imported here.
 """
 
 from protocol.ledger.aggregate import aggregate
 from protocol.ledger.config import Aggregation, LedgerConfig, Outcome, StalePolicy, UpdateMeta, Weighting
+from protocol.ledger.fork import LedgerView, Totals, Verdict, compatible, reconcile
 from protocol.ledger.ledger import ClosedSlot, Ledger
 from protocol.ledger.outer import fold_coefficients
 from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
@@ -20,15 +22,20 @@ __all__ = [
     "ClosedSlot",
     "Ledger",
     "LedgerConfig",
+    "LedgerView",
     "LedgerSnapshot",
     "Outcome",
     "SlotClosePolicy",
     "SnapshotEntry",
     "StalePolicy",
+    "Totals",
     "UpdateMeta",
+    "Verdict",
     "Weighting",
     "aggregate",
+    "compatible",
     "fold_coefficients",
+    "reconcile",
     "staleness",
     "update_weight",
 ]

@@ -31,6 +31,12 @@ Deduplication: every update id accepted (applied, held or dropped) is remembered
 replica and travels in snapshots (32 bytes each), so an update is applied once however late a copy
 arrives. Validation failures raise before any state changes.
 
+Totals and forks. The ledger also keeps the *totals* of its finalized slots (tokens, placement sum: see
+:mod:`protocol.ledger.fork`), so :meth:`view` can describe the whole history to the fork choice, which
+decides between replicas whose histories can no longer be merged (a partition longer than the window):
+:meth:`ignore` marks a losing side's ids as seen (orphaned), :meth:`carry_from` re-adds a replaced
+replica's updates to the state that replaced it.
+
 Updates that arrived after their slot left the window break the invariant by design (where they land
 depends on when they arrived); they are counted. Memory: the float32 deltas of every update in the window
 and the open slot (the exact sufficient statistic of the nonlinear radial-directional aggregate, needed
@@ -41,7 +47,7 @@ window bottom) and one float64 scratch.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +57,7 @@ from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry
 from protocol.ledger.chunks import copy_with_norm, tensor_norm
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
+from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
@@ -60,6 +67,7 @@ __all__ = ["ClosedSlot", "Ledger"]
 
 _F64 = np.float64
 RELEASED = "released"  # counter: held updates moved into a newly opened slot
+ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class Ledger:
             ):
                 raise LocalProtocolError("momentum must have the same names and shapes as params")
             base_v = _f64_copy({n: momentum[n] for n in self._shapes})
-        self._restore(0, 0, base_theta, base_v, dg.GENESIS, [], set(), Counter())
+        self._restore(0, 0, base_theta, base_v, dg.GENESIS, Totals(), [], set(), Counter())
 
     def _restore(
         self,
@@ -112,6 +120,7 @@ class Ledger:
         base_theta: dict,
         base_v: dict,
         chain: bytes,
+        final: Totals,
         entries: list[SlotEntry],
         seen: set[bytes],
         counters: Counter,
@@ -122,6 +131,7 @@ class Ledger:
         self._base_theta = base_theta
         self._base_v = base_v
         self._chain = chain
+        self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
         self._counters: Counter = counters
         self._held: dict[int, list[SlotEntry]] = {}
@@ -149,8 +159,8 @@ class Ledger:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Outcome counts of :meth:`add` (by ``Outcome`` value) and ``"released"``."""
-        return {**{o.value: 0 for o in Outcome}, RELEASED: 0, **self._counters}
+        """Outcome counts of :meth:`add` (by ``Outcome`` value), ``"released"`` and ``"orphaned"``."""
+        return {**{o.value: 0 for o in Outcome}, RELEASED: 0, ORPHANED: 0, **self._counters}
 
     def updates_in_open_slot(self) -> int:
         return len(self._slots[self._n + 1].entries)
@@ -161,6 +171,24 @@ class Ledger:
 
     def has_seen(self, update_id: bytes) -> bool:
         return update_id in self._seen
+
+    def seen_ids(self) -> frozenset[bytes]:
+        return frozenset(self._seen)
+
+    def entries(self) -> list[SlotEntry]:
+        """Every update of the window, the open slot and the future slots, by (target slot, id)."""
+        live = [e for es in (*(s.entries for s in self._slots.values()), *self._held.values()) for e in es]
+        return sorted(live, key=lambda e: (e.meta.target_slot, e.meta.update_id))
+
+    def totals(self) -> Totals:
+        """Tokens and placement sum of every update applied or held since genesis (``protocol.ledger.fork``):
+        a function of the applied (id, slot) pairs, whatever the arrival order and slot closing."""
+        return self._final.plus((e.meta.update_id, e.slot, e.meta.tokens) for e in self.entries())
+
+    def view(self) -> LedgerView:
+        """This state as the fork choice sees it (no tensors)."""
+        placed = tuple(Placed(e.meta.update_id, e.meta.target_slot, e.slot, e.meta.tokens) for e in self.entries())
+        return LedgerView(self._n, self._base, self._chain, self._final, placed, frozenset(self._seen))
 
     def applied_ids(self, slot: int) -> list[bytes]:
         """Sorted ids applied at a live slot (window or open)."""
@@ -209,6 +237,30 @@ class Ledger:
         for name, change in changes.items():
             fold_change(self._theta[name], self._v[name], u[name], entry.deltas[name], change, v_coef, theta_coef)
         return self._count(Outcome.FOLDED_LATE)
+
+    def ignore(self, update_ids: Iterable[bytes]) -> int:
+        """Mark ids as seen without applying them (a fork's orphaned updates, or ids a compatible peer
+        never applied); later copies are ``DUPLICATE``. Returns how many were new; counted as orphaned."""
+        new = set(update_ids) - self._seen
+        for update_id in new:
+            if not isinstance(update_id, bytes) or len(update_id) != 32:
+                raise LocalProtocolError("update ids are 32 bytes")
+        self._seen |= new
+        self._counters[ORPHANED] += len(new)
+        return len(new)
+
+    def carry_from(self, old: Ledger) -> tuple[int, int]:
+        """After this ledger replaced ``old`` (fork choice: ``old`` lost): re-add ``old``'s updates this one
+        has not seen and can place at their target slot (above its window bottom; a future one is held),
+        then mark every other id ``old`` has seen as orphaned here. Returns (re-added, orphaned)."""
+        carried = 0
+        for e in old.entries():
+            target = e.meta.target_slot
+            if e.meta.update_id in self._seen or not self._base < target <= self._n + 1 + self.config.max_future_slots:
+                continue
+            self.add(e.meta, e.deltas)
+            carried += 1
+        return carried, self.ignore(old.seen_ids())
 
     def close_slot(self) -> ClosedSlot:
         """Close the open slot ``n+1``: aggregate its set, take one outer step, open ``n+2`` (moving held
@@ -273,6 +325,8 @@ class Ledger:
             chain=self._chain,
             seen=tuple(sorted(self._seen)),
             counters=dict(self._counters),
+            applied_tokens=self._final.tokens,
+            applied_sum=self._final.placement,
         )
 
     @classmethod
@@ -295,7 +349,7 @@ class Ledger:
         ids = [e.meta.update_id for e in snap.entries]
         if len(set(ids)) != len(ids) or not seen.issuperset(ids):
             raise _bad_state("entry ids must be unique and listed in seen")
-        known = {o.value for o in Outcome} | {RELEASED}
+        known = {o.value for o in Outcome} | {RELEASED, ORPHANED}
         if not known.issuperset(snap.counters):
             raise _bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
         self = cls.__new__(cls)
@@ -320,6 +374,7 @@ class Ledger:
             _f64_copy(snap.base_params),
             _f64_copy(snap.base_momentum),
             snap.chain,
+            Totals(snap.applied_tokens, snap.applied_sum),
             entries,
             seen,
             Counter(snap.counters),
@@ -371,5 +426,6 @@ class Ledger:
         self._canonical_step(self._base_theta, self._base_v, s)
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
+        self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)
         self._base = s
         return retired

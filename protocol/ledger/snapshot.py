@@ -3,8 +3,13 @@
 A :class:`LedgerSnapshot` holds what a joining node needs to continue exactly where the donor is: the
 float64 state at the bottom of the window, every update applied in the window and the open slot (and the
 held future ones) with their float32 deltas, the chain digest of the final slots, every update id ever
-seen (deduplication), the counters, and the config fingerprint. The working state is not stored: the
-loader replays the canonical state (see :class:`~protocol.ledger.ledger.Ledger`).
+seen (deduplication), the counters, the config fingerprint, and the totals of the finalized slots
+(tokens and placement sum, which the fork choice of :mod:`protocol.ledger.fork` compares). The working
+state is not stored: the loader replays the canonical state (see :class:`~protocol.ledger.ledger.Ledger`).
+
+Versions: 2 added ``applied_tokens`` (u64) and ``applied_sum`` (40 bytes, big-endian). A version 1
+snapshot is read only while nothing has been finalized (``base_slot`` 0: both totals are 0); past that its
+totals are unknown and it is refused (a node then starts fresh and syncs from its peers).
 
 Encoding (msgpack, binary strings on): a map with exactly the keys of ``_KEYS``; arrays are raw
 little-endian C-order bytes whose dtype is fixed by the field (float64 for the base state, float32 for
@@ -24,12 +29,13 @@ import numpy as np
 
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger.config import ID_BYTES, UpdateMeta
+from protocol.ledger.fork import SUM_BYTES
 
 __all__ = ["LedgerSnapshot", "SnapshotEntry"]
 
 FORMAT = "diloco-ledger-snapshot"
-VERSION = 1
-_KEYS = frozenset(
+VERSION = 2
+_KEYS_V1 = frozenset(
     {
         "format",
         "version",
@@ -45,6 +51,7 @@ _KEYS = frozenset(
         "counters",
     }
 )
+_KEYS = _KEYS_V1 | {"applied_tokens", "applied_sum"}
 _F64 = np.dtype("<f8")
 _F32 = np.dtype("<f4")
 
@@ -60,7 +67,8 @@ class SnapshotEntry:
 
 @dataclass(frozen=True)
 class LedgerSnapshot:
-    """Plain-data ledger state. ``seen`` is sorted; ``counters`` maps counter names to counts."""
+    """Plain-data ledger state. ``seen`` is sorted; ``counters`` maps counter names to counts;
+    ``applied_tokens``/``applied_sum``: totals over the finalized slots (``protocol.ledger.fork``)."""
 
     slot: int
     base_slot: int
@@ -72,6 +80,8 @@ class LedgerSnapshot:
     chain: bytes
     seen: tuple[bytes, ...]
     counters: Mapping[str, int]
+    applied_tokens: int = 0
+    applied_sum: int = 0
 
     def to_bytes(self) -> bytes:
         """The canonical encoding (equal snapshots give equal bytes)."""
@@ -106,6 +116,8 @@ class LedgerSnapshot:
             "chain": self.chain,
             "seen": b"".join(sorted(self.seen)),
             "counters": dict(sorted(self.counters.items())),
+            "applied_tokens": self.applied_tokens,
+            "applied_sum": self.applied_sum.to_bytes(SUM_BYTES, "big"),
         }
         return msgpack.packb(doc, use_bin_type=True)
 
@@ -117,13 +129,22 @@ class LedgerSnapshot:
             doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
             raise _bad(f"undecodable: {exc}") from None
-        if not isinstance(doc, dict) or set(doc) != _KEYS:
-            raise _bad("top level must be a map with exactly the snapshot keys")
-        if doc["format"] != FORMAT or doc["version"] != VERSION:
-            raise _bad(f"unsupported format/version {doc['format']!r}/{doc['version']!r}")
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or type(doc.get("version")) is not int \
+                or doc["version"] not in (1, VERSION):
+            version = doc.get("version") if isinstance(doc, dict) else None
+            raise _bad(f"not a snapshot of a supported version (got {version!r}, reading 1 and {VERSION})")
+        if set(doc) != (_KEYS if doc["version"] == VERSION else _KEYS_V1):
+            raise _bad(f"top level must be a map with exactly the keys of a version {doc['version']} snapshot")
         slot, base = _uint(doc["slot"], "slot"), _uint(doc["base_slot"], "base_slot")
         if base > slot:
             raise _bad("base_slot > slot")
+        if doc["version"] == 1:
+            if base:
+                raise _bad("a version 1 snapshot past slot 0 of its window lacks the finalized totals")
+            doc.update(applied_tokens=0, applied_sum=bytes(SUM_BYTES))
+        applied_sum = _bytes(doc["applied_sum"], "applied_sum")
+        if len(applied_sum) != SUM_BYTES:
+            raise _bad(f"applied_sum must be {SUM_BYTES} bytes")
         if not isinstance(doc["config"], dict) or not all(isinstance(k, str) for k in doc["config"]):
             raise _bad("config must be a map")
         shapes = _shapes(doc["shapes"])
@@ -151,6 +172,8 @@ class LedgerSnapshot:
             chain=chain,
             seen=seen,
             counters={k: _uint(v, f"counters[{k}]") for k, v in counters.items()},
+            applied_tokens=_uint(doc["applied_tokens"], "applied_tokens"),
+            applied_sum=int.from_bytes(applied_sum, "big"),
         )
 
 

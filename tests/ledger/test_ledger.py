@@ -58,6 +58,7 @@ def test_outcomes_and_counters():
         "duplicate": 2,
         "held-future": 1,
         "released": 1,
+        "orphaned": 0,
     }
 
 

@@ -70,7 +70,13 @@ BAD = [
     ("not a map", lambda raw: msgpack.packb([1, 2])),
     ("extra key", lambda raw: mutate(raw, set_("extra", 1))),
     ("missing key", lambda raw: mutate(raw, lambda d: d.pop("chain"))),
-    ("version", lambda raw: mutate(raw, set_("version", 2))),
+    ("version", lambda raw: mutate(raw, set_("version", 3))),
+    ("bool version", lambda raw: mutate(raw, set_("version", True))),
+    ("v1 keys in v2", lambda raw: mutate(raw, lambda d: (d.pop("applied_tokens"), d.pop("applied_sum")))),
+    ("v1 past slot 0", lambda raw: mutate(raw, lambda d: (d.update(version=1), d.pop("applied_tokens"),
+                                                         d.pop("applied_sum")))),
+    ("short applied_sum", lambda raw: mutate(raw, set_("applied_sum", b"\1" * 8))),
+    ("negative applied_tokens", lambda raw: mutate(raw, set_("applied_tokens", -1))),
     ("negative slot", lambda raw: mutate(raw, set_("slot", -1))),
     ("bool slot", lambda raw: mutate(raw, set_("slot", True))),
     ("base above slot", lambda raw: mutate(raw, set_("base_slot", 99))),
@@ -127,3 +133,16 @@ def test_model_shapes_must_match():
     snap = busy_ledger().snapshot()
     with pytest.raises(RemoteProtocolError):
         Ledger.from_snapshot(snap, CONFIG, {"emb": (4,), "w": (2, 3)})
+
+
+def test_finalized_totals_travel_and_version_1_is_read_at_slot_0():
+    donor = busy_ledger()
+    snap = LedgerSnapshot.from_bytes(donor.snapshot().to_bytes())
+    assert snap.applied_tokens == 64 * 4 and snap.applied_sum > 0  # slots 1 and 2 are final (two updates each)
+    assert Ledger.from_snapshot(snap, CONFIG).totals() == donor.totals()
+    young = Ledger({k: np.ones(s, np.float32) for k, s in SHAPES.items()}, CONFIG)
+    young.add(*update("a1", 0, 0))
+    v1 = mutate(young.snapshot().to_bytes(), lambda d: (d.update(version=1), d.pop("applied_tokens"),
+                                                        d.pop("applied_sum")))
+    loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(v1), CONFIG)
+    assert loaded.state_digest() == young.state_digest() and loaded.totals() == young.totals()
