@@ -2,18 +2,22 @@
 the ledger, close the slot when the policy says so; held-out evaluation and checkpoints between rounds.
 
 A round, in order (`Rounds.run_round`):
-1. base slot b = the replica's slot; θ_base = its parameters; the inner loop starts from them.
+1. θ_base = the replica's global parameters (slot b), minus this node's previous update while its slot
+   is still open (see 2); the inner loop starts from them.
 2. H inner steps in a worker thread (`trio.to_thread.run_sync`): the trio loop keeps serving gossip,
-   HTTP and heartbeats, and updates that arrive are added (and slots caught up) meanwhile. With
+   HTTP and heartbeats, and updates that arrive are added (and slots caught up) meanwhile. Meanwhile the
+   slot of the *previous* round's update is closed on the trio side, when `SlotClosePolicy.decide` says
+   so (every peer update that is due is in, or the hold of about half a round is over; only peers whose
+   update is due are waited for, `PeerRoundClock.due`), or by catch-up; whenever θ moves (a close, a
+   late update folded in) the round follows it (`node.rebase`: train through the slot close, so no node
+   idles while a slot fills). If that slot is still open when the round ends, it is closed then. With
    `--adaptive-steps` the round ends when the peers' measured round time is used up (at least one
    step), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
    current step; an interrupted round publishes nothing.
-3. Δ = θ_base − θ_local, compressed with error feedback; signed header with base_slot = b and
-   publish_slot = the replica's slot *now* (slots may have been caught up during the round); published;
-   the dequantized Δ (exactly what receivers decode) is added to the own ledger.
-4. Unless it was the last round: wait until the update's slot is closed — by catch-up, or by this node
-   when `SlotClosePolicy.decide` says so (quorum, grace, deadline of about one inner step); the grace is
-   only waited out while a peer's update is due (`PeerRoundClock.due`).
+3. Δ = θ_base (moved) − θ_local, compressed with error feedback; signed header with base_slot = the slot
+   the round last followed and publish_slot = the replica's slot *now*; published; the dequantized Δ
+   (exactly what receivers decode) is added to the own ledger. Its slot stays open into the next round
+   (after the last round, the drain closes it).
 
 Every phase's wall time goes to `NodeStats.time_s` and one `round N timing:` log line. Between rounds
 (called by the runtime): `evaluate` when `evaluation_due` (every `--eval-every` rounds, within the
@@ -23,6 +27,7 @@ taken at once, the file written in the background while the next round trains).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -35,6 +40,7 @@ import trio
 
 from node.chaos import Misbehave, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
+from node.rebase import BaseShift
 from node.replica import Replica
 from node.settings import NodeSettings
 from node.status import NodeStats
@@ -42,7 +48,7 @@ from node.train import InnerLoop, RoundResult
 from node.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
-from protocol.ledger import SlotClosePolicy
+from protocol.ledger import Outcome, SlotClosePolicy
 
 __all__ = ["PeerRoundClock", "Rounds", "ShouldStop"]
 
@@ -98,6 +104,15 @@ class ShouldStop:
         return self.calls > 1 and self.deadline is not None and time.monotonic() >= self.deadline
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingUpdate:
+    """This node's last published update: its slot, steps and dequantized Δ (what its ledger holds)."""
+
+    slot: int
+    steps: int
+    delta: dict[str, np.ndarray]
+
+
 class _PhaseClock:
     """Wall time between successive `lap` calls, added to `phases[name]`."""
 
@@ -126,6 +141,7 @@ class Rounds:
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self.payloads: list[tuple[int, str]] = []  # (target slot, blob) of updates held, for clean-up
+        self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._eval_s = 0.0  # duration of the last evaluation
         self._eval_round = stats.round  # round of the last evaluation (or of the start)
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
@@ -144,21 +160,58 @@ class Rounds:
             return None
         return max(0.0, target - (self.overhead_s or 0.0))
 
-    def _train(self, base: dict[str, np.ndarray], should_stop: ShouldStop,
+    def _train(self, shift: BaseShift, should_stop: ShouldStop,
                phases: dict[str, float]) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:
-        """Worker thread: start from `base`, run the round, and, unless it was interrupted, compress its
-        Δ (with error feedback). One thread hop for the three; their times go to `phases`."""
+        """Worker thread: start from the round's base, run the round (following the moves of the global
+        parameters that `shift` hands over), and, unless it was interrupted, compress its Δ against the
+        moved base (with error feedback). One thread hop for the three; their times go to `phases`."""
         started = time.perf_counter()
-        self.loop.set_params(base)
+        self.loop.set_params(shift.applied)
         phases["round_start"] += time.perf_counter() - started
-        result = self.loop.run(self.settings.inner_steps, should_stop=should_stop)
+        result = self.loop.run(self.settings.inner_steps, should_stop=should_stop, shift=shift.take)
         self.slowdown.end_round()
         if self._interrupted(result):
             return result, None
         started = time.perf_counter()
-        compressed = compress(self.feedback, make_delta(base, result.params))
+        compressed = compress(self.feedback, make_delta(shift.applied, result.params))
         phases["compress"] = time.perf_counter() - started
         return result, compressed
+
+    async def _base(self, pending: PendingUpdate | None) -> dict[str, np.ndarray]:
+        """The parameters a round trains from: the global ones, minus this node's own update while that
+        update's slot is open (`node.rebase`: its own progress stands in for the slot's aggregate)."""
+        params = await self.replica.params()
+        if pending is not None and self.replica.slot < pending.slot:
+            for name, delta in pending.delta.items():
+                params[name] -= delta
+        return params
+
+    async def _follow(self, shift: BaseShift, pending: PendingUpdate | None) -> None:
+        """Trio side of `shift`: post the new base whenever a slot closes or a late update is folded in,
+        until cancelled (the round's end)."""
+        seen = (self.replica.slot, self.replica.outcomes[Outcome.FOLDED_LATE.value])
+        while True:
+            await self.replica.changed()
+            now = (self.replica.slot, self.replica.outcomes[Outcome.FOLDED_LATE.value])
+            if now != seen:
+                seen = now
+                shift.post(await self._base(pending), self.replica.slot)
+
+    async def _train_through_close(self, shift: BaseShift, should_stop: ShouldStop, phases: dict[str, float],
+                                   ) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:
+        """Run the round in a worker thread while, on the trio side, the slot of the previous round's update
+        is closed (`close_wait`) and the round follows the global parameters (`_follow`). If the slot is
+        still open when the round ends, it is closed then (before this round's update is published)."""
+        pending, self.pending = self.pending, None
+        async with trio.open_nursery() as nursery:
+            if pending is not None:
+                nursery.start_soon(self.close_wait, pending.slot, pending.steps)
+            nursery.start_soon(self._follow, shift, pending)
+            outcome = await trio.to_thread.run_sync(self._train, shift, should_stop, phases)
+            nursery.cancel_scope.cancel()
+        if pending is not None and self.replica.slot < pending.slot and outcome[1] is not None:
+            await self.replica.close_open("round end")
+        return outcome
 
     def _interrupted(self, result: RoundResult) -> bool:
         return result.steps == 0 or (self.stop_requested() and result.steps < self.settings.inner_steps)
@@ -168,12 +221,12 @@ class Rounds:
         started = trio.current_time()
         phases: dict[str, float] = {}
         clock = _PhaseClock(phases)
-        base_slot = self.replica.slot
-        base = await self.replica.params()
+        shift = BaseShift(await self._base(self.pending), self.replica.slot)
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget())
-        result, compressed = await trio.to_thread.run_sync(self._train, base, should_stop, phases)
+        result, compressed = await self._train_through_close(shift, should_stop, phases)
+        base_slot = shift.applied_slot
         clock.lap("train_hop")
         phases["inner_steps"] = result.seconds
         phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
@@ -196,10 +249,8 @@ class Rounds:
                  base_slot, meta.target_slot, len(payload), outcome.value)
         if self.misbehave is not None:
             await self.misbehave.act(base_slot, publish_slot)
-        if not self.last_round:
-            clock.lap("publish")
-            await self.close_wait(meta.target_slot, result.steps)
-            clock.lap("close_wait")
+        if not self.last_round:  # closed while the next round trains (`_train_through_close`)
+            self.pending = PendingUpdate(meta.target_slot, result.steps, dequantized)
         elapsed = trio.current_time() - started
         overhead = max(0.0, elapsed - result.seconds)
         self.overhead_s = overhead if self.overhead_s is None else 0.7 * self.overhead_s + 0.3 * overhead

@@ -172,6 +172,11 @@ class InnerLoop:
 
     # -- training ----------------------------------------------------------------------------------
 
+    def _shifted(self, moved: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        check_flat(self.model_cfg, moved)
+        return {k: v + jax.device_put(np.asarray(moved[k], np.float32), self._replicated)
+                for k, v in self._params.items()}
+
     def warm_up(self, eval_batches: Iterable[np.ndarray] = ()) -> float:
         """Compile (or load from JAX's persistent cache) the train step and the evaluation step for the
         shapes of this loop's batches and of `eval_batches`, on copies: no state changes, no batch is
@@ -190,11 +195,14 @@ class InnerLoop:
         return time.perf_counter() - start
 
 
-    def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None) -> RoundResult:
+    def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None,
+            shift: Callable[[], Mapping[str, np.ndarray] | None] | None = None) -> RoundResult:
         """Run up to `steps` inner steps and return the round's result. Blocks until done.
 
         `should_stop()` is polled before every step (at most one step is in flight when it is asked);
-        when it returns True the round ends early with the steps done so far. `run(0)` returns the
+        when it returns True the round ends early with the steps done so far. `shift()`, also polled
+        before every step, may return per-tensor float32 arrays that are added to the parameters (the
+        global parameters this round started from have moved: see `node.rebase`). `run(0)` returns the
         current params unchanged.
         """
         if steps < 0:
@@ -204,6 +212,9 @@ class InnerLoop:
         for _ in range(steps):
             if should_stop is not None and should_stop():
                 break
+            moved = shift() if shift is not None else None
+            if moved is not None:
+                self._params = self._shifted(moved)
             batch = jax.device_put(self.batches.next_batch(), self._by_batch)
             self._params, self._opt_state, loss = self._train_step(self._params, self._opt_state, batch)
             pending.append(loss)

@@ -1,0 +1,68 @@
+"""Train through the slot close: a round in progress follows the global parameters as they move.
+
+A node publishes its round's update, then starts its next round at once, while the slot of the update
+it just published is still open (waiting for the peers' updates of that slot, see
+`node.rounds.Rounds.close_wait`). Until that slot closes, the round trains from the global parameters
+θ minus its own published update (its own progress stands in for the slot's aggregate, as in the
+"eager" outer step of overlapped DiLoCo); when the slot closes, or a late update is folded in, this
+base moves by some s, and the round adds s to its local parameters before its next inner step. Its
+pseudo-gradient is taken against the moved base:
+
+    Δ = (base_start + Σ s) − θ_local,   θ_local = base_start + Σ s − (the round's own inner updates)
+
+so Δ is exactly the round's own progress, whatever moved underneath it, and every step after a move
+trains from parameters that include every update this node knows of. No node idles while a slot
+fills (the grace window costs no compute), which is why the slot can wait for the peers' updates
+much longer than one inner step. (Starting from θ alone would make the first steps of each round
+re-learn the node's own last update, which the slot's aggregate then adds a second time.)
+
+`BaseShift` is the hand-over between the trio thread (`post`, on every change of θ) and the worker
+thread running the inner loop (`take`, polled before each step by `InnerLoop.run`). Both sides keep
+their own view: the trio side the newest θ it posted, the worker the base it has actually applied.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["BaseShift"]
+
+
+class BaseShift:
+    """Moves of the global parameters, handed from the trio thread to a round's worker thread."""
+
+    def __init__(self, base: Mapping[str, np.ndarray], base_slot: int) -> None:
+        self._lock = threading.Lock()
+        self._posted = {k: np.array(v, np.float32, copy=True) for k, v in base.items()}  # trio side
+        self._pending: dict[str, np.ndarray] | None = None
+        self._pending_slot = base_slot
+        self.applied = {k: np.array(v, np.float32, copy=True) for k, v in base.items()}  # worker side
+        self.applied_slot = base_slot  # slot of the global parameters the round now trains from
+        self.moves = 0  # shifts applied
+
+    def post(self, params: Mapping[str, np.ndarray], slot: int) -> None:
+        """Trio thread: the global parameters are now `params` (at `slot`)."""
+        moved = {k: np.asarray(params[k], np.float32) - self._posted[k] for k in self._posted}
+        self._posted = {k: np.array(params[k], np.float32, copy=True) for k in self._posted}
+        with self._lock:
+            if self._pending is None:
+                self._pending = moved
+            else:
+                for k, v in moved.items():
+                    self._pending[k] += v
+            self._pending_slot = slot
+
+    def take(self) -> dict[str, np.ndarray] | None:
+        """Worker thread, before an inner step: the move to add to the local parameters, if any."""
+        with self._lock:
+            moved, slot, self._pending = self._pending, self._pending_slot, None
+        if moved is None:
+            return None
+        for k, v in moved.items():
+            self.applied[k] += v
+        self.applied_slot = slot
+        self.moves += 1
+        return moved
