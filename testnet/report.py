@@ -13,7 +13,8 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   as long as the slowest worker's: (1 − stalled/window) × Σ factor / (N × max factor). This is an upper
   bound for data-parallel (no start-up, lost work, or all-reduce time).
 - communication ratio: ring all-reduce bytes per step `2 (N−1)/N · 4 · params` ÷ the honest nodes'
-  bytes sent per inner step (transport counters). Higher is better.
+  bytes sent per inner step (transport counters). Higher is better. `steady_ratio` counts only from the
+  moment every node trains, leaving out the start-up state downloads (paid once per join).
 - overlap: honest, not-slowed nodes' inner steps/s while training in the network ÷ the same nodes
   training alone (`solo` run, same machine load); absent without a solo run.
 - replica agreement, by digest (the node does not expose its parameters): no ledger digest was ever
@@ -221,6 +222,12 @@ def compute(record: RunRecord) -> dict[str, Any]:
     steps = sum(inc.value("inner_steps") for inc in tl.incs.values() if inc.node in honest)
     ours = sent / steps if steps else None
     dp = dp_bytes_per_step(meta.nodes, params) if params else None
+    # the same once every node trains: without the start-up state downloads (a cost paid once per join)
+    steady_sent = sum(inc.value("bytes_sent") - inc.value_at("bytes_sent", start)
+                      for inc in tl.incs.values() if inc.node in honest)
+    steady_steps = sum(inc.value("inner_steps") - inc.value_at("inner_steps", start)
+                       for inc in tl.incs.values() if inc.node in honest)
+    steady = steady_sent / steady_steps if steady_steps else None
 
     step_rates = _node_rates(tl, "inner_steps", fast)
     solo_rates = [float(r) for r in (record.solo or {}).get("steps_per_second", [])]
@@ -249,7 +256,8 @@ def compute(record: RunRecord) -> dict[str, Any]:
                              "stalled_s": _round(stalled, 2), "ratio": _round(goodput / dp_same) if dp_same > 0 else None},
         "communication": {"bytes_per_node_step": _round(ours, 1), "dp_bytes_per_step": _round(dp, 1),
                           "ratio": _round(dp / ours, 2) if dp and ours else None, "bytes_sent": int(sent),
-                          "inner_steps": int(steps)},
+                          "inner_steps": int(steps), "steady_bytes_per_node_step": _round(steady, 1),
+                          "steady_ratio": _round(dp / steady, 2) if dp and steady else None},
         "overlap": {"value": _round(overlap), "network_steps_per_s": {str(k): _round(v) for k, v in step_rates.items()},
                     "solo_steps_per_s": [_round(r) for r in solo_rates],
                     "note": None if solo_rates else "no solo run (--solo-seconds)"},
@@ -284,7 +292,8 @@ def to_markdown(fig: dict[str, Any]) -> str:
         ("data-parallel goodput, no failures", _fmt(dp["no_failures"]), "slowest worker sets the pace"),
         ("goodput ÷ data-parallel", _fmt(dp["ratio"], ".2f"), ""),
         ("communication ratio (all-reduce ÷ ours)", _fmt(comm["ratio"], ".1f"),
-         f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step"),
+         f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step; "
+         f"once all train (no start-up state downloads) {_fmt(comm.get('steady_ratio'), '.1f')}"),
         ("overlap (steps/s network ÷ alone)", _fmt(ov["value"]), ov["note"] or "alone = every node isolated at "
          "once; with nodes sharing cores, > 1 means the network run left each node more CPU"),
         ("replica agreement", "ok" if ag["ok"] else "NOT OK",
