@@ -12,9 +12,15 @@ update of the peer's window with its deltas, its seen ids and the totals of its 
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`).
 
-When it runs (`node.runtime`): at the end of a run, when a draining peer keeps announcing another
-agreement hash for a few heartbeats; and between rounds, after a peer that had been disconnected comes
-back (a healed partition, a restart).
+When it runs (`node.runtime`, one comparison per peer at a time): at the end of a run, when a draining
+peer keeps announcing another agreement hash for a few heartbeats; between rounds, after a peer that had
+been disconnected comes back (a healed partition, a restart), and with a peer whose state forked from
+ours at the last comparison; and at once with the origin of a gossip update that arrived after its slot
+left our window (applied stale or dropped: our history now differs from the origin's).
+
+The snapshot blob is fetched for this one use and removed again, unless this node held it already
+(`node.join.read_peer_blob`: equal states have equal snapshot bytes, and that blob is then our own
+served snapshot).
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
             return None
         ours_key, theirs_key = verdict.keys
         why = f"fork: theirs {_key(theirs_key)} > ours {_key(ours_key)}"
-        replica.propose(Proposal(ledger, peer, why))
+        replica.propose(Proposal.of(ledger, peer, why, theirs))
         log.warning("repair from %s (its slot %d): histories forked and its state is heavier (%s vs %s): "
                     "adopting it before the next round", peer, manifest.slot, _key(theirs_key), _key(ours_key))
         return RepairResult(0, unplaced, fork="adopt")

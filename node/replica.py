@@ -15,7 +15,10 @@ Contract:
 - Fork choice (`node.repair` decides): `propose` stores a verified heavier peer state; `adopt_pending`
   installs it *between rounds* (the runtime calls it where no round is in flight, and resets the error
   feedback when it returns a result), re-adds this replica's own updates the new state can place at their
-  target slot, and marks the rest of its seen ids as seen there (orphaned).
+  target slot, and marks the rest of its seen ids as seen there (orphaned). It first takes the verdict
+  again against this replica's state of the moment, and drops the proposal if that no longer says adopt
+  (or if the caller knows the origin has moved on): every adoption moves to a heavier state, so replicas
+  only grow heavier and the comparisons end, even with snapshots that were stale when compared.
 - `changed()` fires after every operation that changed the ledger (for waiters such as the slot-close
   wait and the drain).
 """
@@ -32,9 +35,9 @@ from typing import TypeVar
 import numpy as np
 import trio
 
-from protocol.ledger import ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, UpdateMeta
+from protocol.ledger import ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, UpdateMeta, reconcile
 
-__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica"]
+__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "agreement_hex"]
 
 log = logging.getLogger("node.replica")
 T = TypeVar("T")
@@ -63,13 +66,27 @@ class IdSetHash:
         return self.value.to_bytes(32, "big").hex()[:chars]
 
 
+def agreement_hex(seen_hash: IdSetHash, placement: int) -> str:
+    """The agreement hash of a state: SHA-256 of its seen-id set hash and its placement sum."""
+    seen = seen_hash.value.to_bytes(32, "big")
+    return hashlib.sha256(b"diloco/agreement/v1\0" + seen + (placement % (1 << 256)).to_bytes(32, "big")).hexdigest()
+
+
 @dataclass(frozen=True)
 class Proposal:
-    """A heavier peer state the fork choice decided to adopt (loaded and checked against its manifest)."""
+    """A heavier peer state the fork choice decided to adopt (loaded and checked against its manifest).
+    `view` is that state's view (the verdict is taken again against ours when adopting), `agreement`
+    its agreement hash (what its origin announces while draining, if it still holds that state)."""
 
     ledger: Ledger
     origin: str
     why: str
+    view: LedgerView
+    agreement: str
+
+    @classmethod
+    def of(cls, ledger: Ledger, origin: str, why: str, view: LedgerView) -> Proposal:
+        return cls(ledger, origin, why, view, agreement_hex(IdSetHash(view.seen), view.totals().placement))
 
 
 @dataclass(frozen=True)
@@ -123,9 +140,7 @@ class Replica:
 
     def agreement_hex(self) -> str:
         """Hash of (seen-id set, placement sum): see the module docstring."""
-        placement = (self.placement % (1 << 256)).to_bytes(32, "big")
-        seen = self.set_hash.value.to_bytes(32, "big")
-        return hashlib.sha256(b"diloco/agreement/v1\0" + seen + placement).hexdigest()
+        return agreement_hex(self.set_hash, self.placement)
 
     @property
     def max_known_slot(self) -> int:
@@ -282,23 +297,39 @@ class Replica:
         """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
         self.pending = proposal
 
-    async def adopt_pending(self) -> Adopted | None:
+    async def adopt_pending(self, current: Callable[[Proposal], bool] | None = None) -> Adopted | None:
         """Install the pending proposal, if any (call only where no round is in flight: the caller then
         resets its error feedback). Own updates the new state has not seen are re-added if it can place
         them at their target slot (above its window bottom), the rest of the own seen ids are marked seen
-        there (orphaned)."""
+        there (orphaned).
+
+        The proposal is dropped instead when `current(proposal)` says its origin no longer holds that
+        state (the drain knows: draining peers announce their agreement hash), or when the verdict, taken
+        again against this replica's state *now*, no longer says adopt (this replica changed since the
+        comparison: pulled, adopted from another peer, or received updates). So an adoption always moves
+        this replica to a state heavier than the one it leaves, by the order of `protocol.ledger.fork`,
+        whatever the age of the snapshot: the replicas' weights only grow, and the comparisons end."""
         proposal, self.pending = self.pending, None
         if proposal is None:
             return None
+        if current is not None and not current(proposal):
+            log.info("dropped the proposed state of %s: it has moved on since", proposal.origin)
+            return None
 
-        def work() -> tuple[int, int, list[ClosedSlot]]:
+        def work() -> tuple[int, int, list[ClosedSlot]] | None:
+            if not reconcile(self._ledger.view(), proposal.view).adopt:
+                return None
             new = proposal.ledger
             carried, orphaned = new.carry_from(self._ledger)
             closed = _catch_up(new)
             self._install(new, new.seen_ids())
             return carried, orphaned, closed
 
-        carried, orphaned, closed = await self._run(work)
+        done = await self._run(work)
+        if done is None:
+            log.info("dropped the proposed state of %s: ours has changed and is no lighter now", proposal.origin)
+            return None
+        carried, orphaned, closed = done
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned

@@ -80,7 +80,10 @@ class NodeRuntime:
         self.ledger_config = LedgerConfig(window=settings.window,
                                           embeddings=frozenset(embedding_names(self.cfg.model)))
         self.stats = NodeStats(self.peer_id)
-        self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum))
+        # The slot of a round's update is closed while the next round trains (`node.rebase`), so holding it
+        # open for due peers costs no compute: up to half a round.
+        self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,
+                                                        max_hold_steps=max(1.0, 0.5 * settings.inner_steps)))
         self.feedback = ErrorFeedback(settings.compression)
         self.checkpoints = (CheckpointDir(settings.checkpoint_dir, keep=settings.keep_checkpoints,
                                           expect={"run_id": settings.run_id, "peer_id": self.peer_id})
@@ -94,6 +97,7 @@ class NodeRuntime:
         self._sync_scope: trio.CancelScope | None = None
         self._resync = False  # set when peers' updates are too far ahead to hold
         self._repaired: set[tuple[str, str]] = set()  # (peer, drain state) pulled from at the end
+        self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
         self._connected: set[str] = set()  # peers connected at the last check between rounds
 
@@ -254,10 +258,15 @@ class NodeRuntime:
         self._background.start_soon(self._intake)
 
     async def _repair(self, peer: str) -> None:
-        """Pull the updates `peer` holds and we missed (see `node.repair`)."""
+        """Pull the updates `peer` holds and we missed (see `node.repair`); one comparison per peer at a
+        time (a request while one runs is dropped: the running one looks at our state after its fetch)."""
         http = {p.peer_id: p.http_addr for p in self.host.peers()}.get(peer)
-        if http:
-            await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
+        if http and peer not in self._repairing:
+            self._repairing.add(peer)
+            try:
+                await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
+            finally:
+                self._repairing.discard(peer)
 
     def _returned_peers(self) -> list[str]:
         """Peers that were connected before in this process, then gone, and are back since the last call."""
@@ -318,10 +327,12 @@ class NodeRuntime:
         self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
         self.rounds.peer_clock.observe(header.origin, now)
         self.rounds.payloads.append((meta.target_slot, header.payload_sha256.hex()))
-        level = logging.WARNING if outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE) else logging.INFO
-        log.log(level, "update %s from %s (base %d, slot %d, %d steps): %s%s", meta.update_id.hex()[:16],
-                header.origin, header.base_slot, meta.target_slot, header.inner_steps, outcome.value,
-                f"; caught up to slot {self.replica.slot}" if closed else "")
+        stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
+        log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",
+                meta.update_id.hex()[:16], header.origin, header.base_slot, meta.target_slot, header.inner_steps,
+                outcome.value, f"; caught up to slot {self.replica.slot}" if closed else "")
+        if stale:  # our placement of it now differs from its origin's: compare (fork choice) right away
+            self._background.start_soon(self._repair, header.origin)
 
     # ---- the end ----------------------------------------------------------------------------------
     async def _drain(self) -> bool:
@@ -333,7 +344,9 @@ class NodeRuntime:
         tracker = DrainTracker(trio.current_time(), quiet)
         log.info("draining: waiting for the peers (gives up after %.0f s without progress)", quiet)
         while not self.stop_requested():
-            if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
+            states = {p.peer_id: p.state for p in self.host.peers()}
+            # a heavier forked state (node.repair), if its origin still announces it (else it moved on)
+            if await self.replica.adopt_pending(lambda p: states.get(p.origin) == drain_state(p.agreement)):
                 self.feedback.reset()
             own = drain_state(self.replica.agreement_hex())
             self._progress(own)

@@ -6,8 +6,10 @@ Contract of `BlobClient.fetch_once(peer, base_url, name, size)`:
   matched (`BlobWriter.commit`);
 - on success the blob is in the store (verified) and the byte counters say who sent it;
 - a holder that sends the wrong bytes raises `RemoteProtocolError` (HASH_MISMATCH, OVERSIZED,
-  TRUNCATED, or MALFORMED for a body without a Content-Length), one that cannot be reached, sends no
-  body bytes for `timeout` seconds or answers non-200 raises `TransportError`. Choosing the next
+  TRUNCATED, or MALFORMED for a body without a Content-Length), one that cannot be reached, resets or
+  closes the connection mid-body, sends no body bytes for `timeout` seconds or answers non-200 (e.g.
+  404: it removed the blob) raises `TransportError`, and so does a local file error. Nothing else
+  escapes but cancellation (and bugs): never an exception group (`_one_exception`). Choosing the next
   holder is the router's decision, not this module's.
 
 The body moves through `queue_chunks` reused buffers of `read_bytes` each, so nothing is allocated
@@ -244,12 +246,15 @@ class BlobClient:
 
     async def fetch_once(self, peer: str, base_url: str, name: str, size: int) -> None:
         """Download blob `name` (`size` bytes) from `peer` at `base_url` into the store, verified."""
-        writer = self.store.open_writer(name, size)
         try:
-            await self._download(peer, f"{base_url}{BLOB_PREFIX}{name}", writer)
-            await trio.to_thread.run_sync(writer.commit)
-        finally:
-            writer.close()
+            writer = self.store.open_writer(name, size)
+            try:
+                await self._download(peer, f"{base_url}{BLOB_PREFIX}{name}", writer)
+                await trio.to_thread.run_sync(writer.commit)
+            finally:
+                writer.close()
+        except OSError as exc:  # the local part file (disk full, store directory gone)
+            raise TransportError(f"blob {name[:12]}: local store: {exc}", peer=peer) from exc
         self.counters.blob_downloads += 1
         self.counters.traffic(peer, Kind.BLOB).recv_frames += 1
 
@@ -266,12 +271,8 @@ class BlobClient:
                 async with filled_in:
                     await self._receive(peer, url, writer.size, free_out, filled_in)
         except BaseExceptionGroup as group:
-            leaf = _single_leaf(group)
-            if isinstance(leaf, httpx.HTTPError):
-                raise TransportError(f"GET {url}: {type(leaf).__name__}: {leaf}", peer=peer) from leaf
-            if isinstance(leaf, RemoteProtocolError | TransportError):
-                raise leaf from None
-            raise
+            error = _one_exception(group, url, peer)
+            raise error from error.__cause__
         finally:
             self._spare.extend(buffers[: 2 * n - len(self._spare)])
 
@@ -352,14 +353,37 @@ def _write_batch(writer: BlobWriter, batch: list[tuple[bytearray, int]]) -> None
             writer.write(view)
 
 
-def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
-    """The only leaf exception of a (nested) group, or None if there are several."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else None
+def _one_exception(group: BaseExceptionGroup[Any], url: str, peer: str) -> BaseException:
+    """The one exception a download raises for what its tasks raised (`group`, nested or not).
+
+    - A leaf that is neither a failure of the holder or the transfer nor cancellation is a bug: the
+      group itself.
+    - Else cancellation wins: the first leaf that is not an `Exception` (trio.Cancelled,
+      KeyboardInterrupt), so the cancel scope that asked for it catches it. (A holder that answered 404
+      while the host was closing raised `TransportError` next to the writer task's `Cancelled`;
+      re-raising that group let the cancel scope strip the `Cancelled` and the `TransportError` escape,
+      still wrapped, and crash the host.)
+    - Else the first failure as the domain exception: `RemoteProtocolError` and `TransportError` as
+      they are, an httpx error or an `OSError` (socket, or the local part file) as `TransportError`.
+    """
+    leaves = _leaves(group)
+    domain: list[Exception] = []
+    for leaf in leaves:
+        if isinstance(leaf, RemoteProtocolError | TransportError):
+            domain.append(leaf)
+        elif isinstance(leaf, httpx.HTTPError | OSError):
+            error = TransportError(f"GET {url}: {type(leaf).__name__}: {leaf}", peer=peer)
+            error.__cause__ = leaf
+            domain.append(error)
+        elif isinstance(leaf, Exception):
+            return group
+    cancelled = [leaf for leaf in leaves if not isinstance(leaf, Exception)]
+    return cancelled[0] if cancelled else domain[0]
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    """The leaf exceptions of a (nested) group, depth first, in order."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -1,6 +1,8 @@
 """Serving blobs over HTTP: `GET /blobs/<hex>` streams a verified blob from the store.
 
-Contract: only complete, verified blobs are served (the store never exposes part files); the body
+Contract: only complete, verified blobs are served (the store never exposes part files); a blob not
+in the store (never there, or removed) is a 404, and one removed while it is sent is sent whole (the
+file is opened before the answer and read from the open file); the body
 is read from disk with `os.pread` in `chunk_bytes` pieces in a worker thread, so a large blob is never
 held whole in memory and the trio loop never blocks on the disk; `p2p.http` reads the next piece
 while hypercorn sends this one. Each piece is a fresh `bytes` (hypercorn passes `bytes` bodies to the
@@ -11,6 +13,7 @@ authenticated, and need not be: the content is verified by hash).
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -48,33 +51,36 @@ class BlobService:
             check_hex(name)
         except LocalProtocolError:
             return Response.text(400, "bad blob name\n")
-        if not self.store.has(name):
-            return Response.text(404, "no such blob\n")
         peer = request.headers.get(PEER_HEADER, "")
         peer = peer if _PEER_NAME.fullmatch(peer) else UNKNOWN_PEER
-        path = self.store.path(name)
-        size = self.store.size(name)
+        try:
+            size = self.store.size(name)
+            # Opened before answering: a blob removed meanwhile (an old snapshot) is a clean 404, and one
+            # removed while it is being sent is still read to the end (the open file outlives the unlink).
+            file = open(self.store.path(name), "rb", buffering=0)  # noqa: SIM115 - closed by _stream (or GC)
+        except (KeyError, FileNotFoundError):
+            return Response.text(404, "no such blob\n")
         return Response(
             200,
-            self._stream(path, size, peer),
+            self._stream(file, name, size, peer),
             {"content-type": "application/octet-stream"},
             content_length=size,
         )
 
-    async def _stream(self, path: os.PathLike[str], size: int, peer: str) -> AsyncIterator[bytes]:
-        fd = os.open(path, os.O_RDONLY)
+    async def _stream(self, file: io.FileIO, name: str, size: int, peer: str) -> AsyncIterator[bytes]:
         sent = 0
         try:
+            fd = file.fileno()
             while sent < size:
                 chunk = await trio.to_thread.run_sync(os.pread, fd, min(self.chunk_bytes, size - sent), sent)
                 if not chunk:
-                    break  # the file shrank under us (removed); the client sees a short body
+                    break  # the file shrank under us; the client sees a short body
                 sent += len(chunk)
                 yield chunk
                 self.counters.sent(peer, Kind.BLOB, len(chunk), frames=0)
         finally:
-            os.close(fd)
+            file.close()
             if sent == size:
                 self.counters.blobs_served += 1
                 self.counters.traffic(peer, Kind.BLOB).sent_frames += 1
-            log.debug("served blob %s to %s: %d of %d bytes", os.fspath(path)[-64:][:12], peer[:16], sent, size)
+            log.debug("served blob %s to %s: %d of %d bytes", name[:12], peer[:16], sent, size)
