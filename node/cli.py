@@ -25,7 +25,8 @@ stdout: "LISTENING <peer_id> <gossip host:port> <http host:port>" once listening
 "STOPPED <slot> <ledger digest> <params digest>". Logs go to stderr. Exit 0 after --max-rounds or
 SIGTERM/SIGINT (goodbye and checkpoint first), 2 for bad arguments, key, config or data.
 
-Run-wide flags (every node of a run must agree): --run-id, --model, --set, --seed, --window, --heartbeat.
+Run-wide flags (every node of a run must agree): --run-id, --model, --set, --seed, --window, --outer-lr,
+--outer-momentum, --heartbeat.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
 compiled steps between starts, which cuts a restart's start-up from tens of seconds to a few.
@@ -84,8 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=8, metavar="W",
                        help="closed slots a late update can still be folded into exactly (default %(default)s)")
     train.add_argument("--quorum", type=int, default=1, metavar="K",
-                       help="updates a slot needs before it closes early; the deadline (about one inner "
-                            "step after the round) closes it anyway (default %(default)s)")
+                       help="updates a slot needs before it closes early; the deadline (half a round after "
+                            "the own round, while the next one trains) closes it anyway (default %(default)s)")
+    train.add_argument("--outer-lr", type=float, default=0.7, metavar="ETA",
+                       help="outer Nesterov learning rate, applied by every node (default %(default)s, DiLoCo's)")
+    train.add_argument("--outer-momentum", type=float, default=0.9, metavar="MU",
+                       help="outer Nesterov momentum (default %(default)s, DiLoCo's)")
     ev = p.add_argument_group("evaluation and checkpoints")
     ev.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                     help="held-out bits-per-byte every ROUNDS rounds, and once before the first; 0: never "
@@ -134,7 +139,8 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
         keep_checkpoints=args.keep_checkpoints, eval_budget=args.eval_budget,
         compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
-        window=args.window, quorum=args.quorum, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
+        window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
         allow_chaos=args.allow_chaos)
 

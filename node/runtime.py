@@ -77,7 +77,7 @@ class NodeRuntime:
         self.peer_id = self.identity.peer_id
         self.cfg = settings.ml_config(self.peer_id)
         self.shapes = param_shapes(self.cfg.model)
-        self.ledger_config = LedgerConfig(window=settings.window,
+        self.ledger_config = LedgerConfig(window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
                                           embeddings=frozenset(embedding_names(self.cfg.model)))
         self.stats = NodeStats(self.peer_id)
         # The slot of a round's update is closed while the next round trains (`node.rebase`), so holding it

@@ -3,7 +3,8 @@ test, and read by the runtime. The machine-learning half (model, data, inner opt
 `node.config.Config`; this adds the network, the outer loop and the process's own knobs.
 
 Run-wide settings (every node of a run must agree, or their updates and states are refused):
-`run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `heartbeat_s`.
+`run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `outer_lr`,
+`outer_momentum`, `heartbeat_s`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class NodeSettings:
     seed: int = 0
     window: int = 8
     quorum: int = 1
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
     heartbeat_s: float = 1.0
     sync_timeout_s: float = 60.0
     drain_timeout_s: float | None = None  # None: derived from the heartbeat and round times
@@ -74,6 +77,10 @@ class NodeSettings:
             _fail(f"--eval-budget must be in (0, 1], got {self.eval_budget}")
         if not 0.0 <= self.checkpoint_interval_s < float("inf"):
             _fail(f"--checkpoint-interval must be >= 0 seconds, got {self.checkpoint_interval_s}")
+        if not 0.0 < self.outer_lr < float("inf"):
+            _fail(f"--outer-lr must be > 0, got {self.outer_lr}")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            _fail(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
         if not self.slowdown >= 1.0:
             _fail(f"--slowdown must be >= 1, got {self.slowdown}")
         if not 0.0 < self.heartbeat_s <= 60.0:

@@ -56,7 +56,7 @@ class Simulation:
     """M learners on one simulated clock (see the module docstring)."""
 
     def __init__(self, mode: str, *, workers: int, inner_steps: int, speeds: Sequence[float], latency: int,
-                 codec: str, seed: int) -> None:
+                 codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9) -> None:
         from node.config import preset
         from node.data import Dataset
         from node.model import embedding_names
@@ -68,7 +68,8 @@ class Simulation:
         self.cfg = preset("tiny")
         self.dataset = Dataset(self.cfg.data, seq_len=self.cfg.model.seq_len, vocab_size=self.cfg.model.vocab_size)
         self.speeds = list(speeds)
-        ledger_cfg = LedgerConfig(window=8, embeddings=frozenset(embedding_names(self.cfg.model)))
+        ledger_cfg = LedgerConfig(window=8, lr=outer_lr, momentum=outer_momentum,
+                                  embeddings=frozenset(embedding_names(self.cfg.model)))
         self.learners = []
         for i in range(workers):
             loop = InnerLoop(self.cfg.model, self.cfg.inner, self.dataset.batcher(f"worker-{i}"))
@@ -194,18 +195,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--codec", default="int4")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
     a = p.parse_args(argv)
     speeds = [float(x) for x in a.speeds.split(",")]
     if len(speeds) != a.workers:
         p.error(f"--speeds needs {a.workers} values")
     print(f"{a.workers} learners, tiny model, H={a.inner_steps}, {a.codec}, speeds {speeds}, latency {a.latency} "
-          f"steps, {a.rounds} rounds of the slowest learner; held-out bits per byte (16 batches)", flush=True)
+          f"steps, outer Nesterov lr {a.outer_lr} momentum {a.outer_momentum}, {a.rounds} rounds of the slowest learner; held-out bits per byte (16 batches)", flush=True)
     rows = []
     for mode in a.modes.split(","):
         started = time.perf_counter()
         sim = Simulation(mode, workers=a.workers, inner_steps=a.inner_steps,
                          speeds=[1.0] * a.workers if mode == "sync" else speeds, latency=a.latency, codec=a.codec,
-                         seed=a.seed)
+                         seed=a.seed, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
         r = sim.run(a.rounds)
         r["dp"] = dp_at(r["tokens"], a.workers)
         rows.append(r)

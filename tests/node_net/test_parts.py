@@ -93,11 +93,13 @@ def test_cli_flags_of_the_contract_parse_into_settings(tmp_path: Path) -> None:
         "--run-id", "r1", "--key", str(tmp_path / "k"), "--data", "a.txt,b.txt", "--model", "tiny",
         "--inner-steps", "7", "--adaptive-steps", "--max-rounds", "3", "--checkpoint-dir", str(tmp_path / "c"),
         "--compression", "int8", "--eval-every", "2", "--seed", "4", "--log-level", "DEBUG", "--slowdown", "2",
-        "--misbehave", "garbage", "--allow-chaos", "--set", "batch_size=8"])
+        "--misbehave", "garbage", "--allow-chaos", "--set", "batch_size=8", "--outer-lr", "0.5",
+        "--outer-momentum", "0.8"])
     s = settings_from_args(args)
     assert s.peers == ("127.0.0.1:7000", "127.0.0.1:7001") and s.data == ("a.txt", "b.txt")
     assert (s.inner_steps, s.max_rounds, s.compression, s.eval_every, s.seed) == (7, 3, "int8", 2, 4)
     assert s.adaptive_steps and s.allow_chaos and s.misbehave == "garbage" and s.slowdown == 2.0
+    assert (s.outer_lr, s.outer_momentum) == (0.5, 0.8)
     cfg = s.ml_config("peer")
     assert cfg.data.batch_size == 8 and cfg.inner.init_seed == 4 and cfg.data.shard_key == "peer"
     assert cfg.data.sources == ("a.txt", "b.txt")
@@ -109,7 +111,8 @@ def test_defaults_are_int4_and_no_round_limit(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change", [{"run_id": ""}, {"inner_steps": 0}, {"listen": "nohost"}, {"slowdown": 0.5},
-                                    {"peers": ("127.0.0.1:0",)}, {"compression": "zip"}, {"misbehave": "x"}])
+                                    {"peers": ("127.0.0.1:0",)}, {"compression": "zip"}, {"misbehave": "x"},
+                                    {"outer_lr": 0.0}, {"outer_momentum": 1.0}])
 def test_bad_settings_are_config_errors(change: dict, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         NodeSettings(**{"run_id": "r", "key_path": tmp_path / "k", **change})
