@@ -2,14 +2,18 @@
 
 Protocol. After its last update a node *drains*: it publishes nothing more, but keeps receiving,
 serving blobs, forwarding gossip and catching up slots. Its heartbeats carry the state
-`drain:<h>`, where `h` is the first 26 hex digits of the order-independent hash of the set of update
-ids its ledger has seen (`node.replica.IdSetHash`). It stops waiting when every connected peer is
-draining with the same `h` (everyone will publish no more, and everyone holds the same updates), then
-closes every slot that holds updates, says goodbye (signed), checkpoints and prints `STOPPED`.
+`drain:<h>`, where `h` is the first 26 hex digits of its agreement hash (`node.replica.agreement_hex`:
+the order-independent hash of the set of update ids its ledger has seen, `node.replica.IdSetHash`,
+combined with the placement sum of which update sits in which slot). It stops waiting when every
+connected peer is draining with the same `h` (everyone will publish no more, and everyone holds the same
+updates at the same slots), then closes every slot that holds updates, says goodbye (signed),
+checkpoints and prints `STOPPED`.
 
 Why this ends with equal digests: the ledger digest is a function of the number of closed slots and
 the ids applied per slot, and the parameters a function of those too (the ledger's invariant). Equal
-sets give the same highest slot to close to, and the same ids at the same slots.
+agreement hashes give the same highest slot to close to, and the same ids at the same slots (two
+replicas whose histories forked hold the same ids at different slots: their placement sums differ, and
+the fork choice, `node.repair`, settles them first).
 
 Why it cannot deadlock: draining is "I will publish no more", not "I stopped listening"; a node waits
 only for peers that are still connected, and a peer that left (goodbye, or silent past the heartbeat
