@@ -138,7 +138,10 @@ async def test_silent_node_times_out_with_clear_error(tmp_path: Path) -> None:
 
 
 DRIVER = textwrap.dedent("""
-    import sys, trio
+    import signal, sys, trio
+    # as in a terminal: a shell that started this suite in the background (`cmd &`, no job control) made
+    # its children ignore SIGINT, and Python then installs no KeyboardInterrupt handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from pathlib import Path
     from testnet.faults import FaultPlan
