@@ -16,9 +16,10 @@ fills (the grace window costs no compute), which is why the slot can wait for th
 much longer than one inner step. (Starting from θ alone would make the first steps of each round
 re-learn the node's own last update, which the slot's aggregate then adds a second time.)
 
-`BaseShift` is the hand-over between the trio thread (`post`, on every change of θ) and the worker
-thread running the inner loop (`take`, polled before each step by `InnerLoop.run`). Both sides keep
-their own view: the trio side the newest θ it posted, the worker the base it has actually applied.
+`BaseShift` is the hand-over between the node's rounds (`post`, on every change of θ, called from one
+worker thread at a time, never concurrently) and the worker thread running the inner loop (`take`,
+polled before each step by `InnerLoop.run`). Both sides keep their own view: the posting side the
+newest base it posted, the inner loop the base it has actually applied.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class BaseShift:
     """Moves of the global parameters, handed from the trio thread to a round's worker thread."""
 
     def __init__(self, base: Mapping[str, np.ndarray], base_slot: int) -> None:
+        """`base` (float32, not modified here) must not be modified by the caller afterwards."""
         self._lock = threading.Lock()
-        self._posted = {k: np.array(v, np.float32, copy=True) for k, v in base.items()}  # trio side
+        self._posted = dict(base)  # posting side
         self._pending: dict[str, np.ndarray] | None = None
         self._pending_slot = base_slot
         self.applied = {k: np.array(v, np.float32, copy=True) for k, v in base.items()}  # worker side
@@ -44,9 +46,10 @@ class BaseShift:
         self.moves = 0  # shifts applied
 
     def post(self, params: Mapping[str, np.ndarray], slot: int) -> None:
-        """Trio thread: the global parameters are now `params` (at `slot`)."""
-        moved = {k: np.asarray(params[k], np.float32) - self._posted[k] for k in self._posted}
-        self._posted = {k: np.array(params[k], np.float32, copy=True) for k in self._posted}
+        """The base is now `params` (float32, at `slot`); the caller hands them over and must not modify
+        them afterwards. A pass over every parameter: call it from a worker thread."""
+        moved = {k: params[k] - self._posted[k] for k in self._posted}
+        self._posted = dict(params)
         with self._lock:
             if self._pending is None:
                 self._pending = moved

@@ -113,6 +113,11 @@ class PendingUpdate:
     delta: dict[str, np.ndarray]
 
 
+def _subtract(params: dict[str, np.ndarray], delta: dict[str, np.ndarray]) -> None:
+    for name, d in delta.items():
+        params[name] -= d
+
+
 class _PhaseClock:
     """Wall time between successive `lap` calls, added to `phases[name]`."""
 
@@ -179,11 +184,11 @@ class Rounds:
 
     async def _base(self, pending: PendingUpdate | None) -> dict[str, np.ndarray]:
         """The parameters a round trains from: the global ones, minus this node's own update while that
-        update's slot is open (`node.rebase`: its own progress stands in for the slot's aggregate)."""
+        update's slot is open (`node.rebase`: its own progress stands in for the slot's aggregate).
+        The subtraction runs in a worker thread: it is a pass over every parameter."""
         params = await self.replica.params()
         if pending is not None and self.replica.slot < pending.slot:
-            for name, delta in pending.delta.items():
-                params[name] -= delta
+            await trio.to_thread.run_sync(_subtract, params, pending.delta)
         return params
 
     async def _follow(self, shift: BaseShift, pending: PendingUpdate | None) -> None:
@@ -195,7 +200,7 @@ class Rounds:
             now = (self.replica.slot, self.replica.outcomes[Outcome.FOLDED_LATE.value])
             if now != seen:
                 seen = now
-                shift.post(await self._base(pending), self.replica.slot)
+                await trio.to_thread.run_sync(shift.post, await self._base(pending), self.replica.slot)
 
     async def _train_through_close(self, shift: BaseShift, should_stop: ShouldStop, phases: dict[str, float],
                                    ) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:

@@ -223,10 +223,8 @@ def compute(record: RunRecord) -> dict[str, Any]:
     ours = sent / steps if steps else None
     dp = dp_bytes_per_step(meta.nodes, params) if params else None
     # the same once every node trains: without the start-up state downloads (a cost paid once per join)
-    steady_sent = sum(inc.value("bytes_sent") - inc.value_at("bytes_sent", start)
-                      for inc in tl.incs.values() if inc.node in honest)
-    steady_steps = sum(inc.value("inner_steps") - inc.value_at("inner_steps", start)
-                       for inc in tl.incs.values() if inc.node in honest)
+    steady_sent = sent - tl.total_at("bytes_sent", start, honest)
+    steady_steps = steps - tl.total_at("inner_steps", start, honest)
     steady = steady_sent / steady_steps if steady_steps else None
 
     step_rates = _node_rates(tl, "inner_steps", fast)
