@@ -135,7 +135,7 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
         if replica.has_seen(update_id):
             continue
         try:
-            await replica.add(entry.meta, dict(entry.deltas))
+            await replica.add(entry.meta, dict(entry.deltas), entry.payload)
         except RemoteProtocolError as exc:
             log.warning("repair from %s: update %s refused: %s", peer, update_id.hex()[:16], exc)
             continue

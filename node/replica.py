@@ -35,7 +35,8 @@ from typing import TypeVar
 import numpy as np
 import trio
 
-from protocol.ledger import ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, UpdateMeta, reconcile
+from protocol.ledger import (ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload, UpdateMeta,
+                             reconcile)
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "agreement_hex"]
 
@@ -180,12 +181,14 @@ class Replica:
             return await trio.to_thread.run_sync(work)
 
     # ---- operations -------------------------------------------------------------------------------
-    async def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray]) -> tuple[Outcome, list[ClosedSlot]]:
-        """`Ledger.add`, then catch-up closes. Raises `RemoteProtocolError` (nothing changed) for a bad
-        update; returns the outcome and the slots closed by catch-up."""
+    async def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray],
+                  payload: Payload | None = None) -> tuple[Outcome, list[ClosedSlot]]:
+        """`Ledger.add` (`payload`: the encoded update `deltas` decode from, kept for snapshots), then
+        catch-up closes. Raises `RemoteProtocolError` (nothing changed) for a bad update; returns the
+        outcome and the slots closed by catch-up."""
 
         def work() -> tuple[Outcome, list[ClosedSlot]]:
-            outcome = self._ledger.add(meta, deltas)
+            outcome = self._ledger.add(meta, deltas, payload=payload)
             return outcome, self._catch_up()
 
         outcome, closed = await self._run(work)

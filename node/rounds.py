@@ -48,7 +48,7 @@ from node.train import InnerLoop, RoundResult
 from node.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
-from protocol.ledger import Outcome, SlotClosePolicy
+from protocol.ledger import Outcome, Payload, SlotClosePolicy
 
 __all__ = ["PeerRoundClock", "Rounds", "ShouldStop"]
 
@@ -245,7 +245,7 @@ class Rounds:
             codec=self.settings.compression, shapes=shapes_field(self.shapes))
         clock.lap("publish")
         meta = update_meta(signed)
-        outcome, _ = await self.replica.add(meta, dequantized)
+        outcome, _ = await self.replica.add(meta, dequantized, Payload(self.feedback.codec, payload))
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)

@@ -314,8 +314,8 @@ class NodeRuntime:
         header: UpdateHeader = delivery.body
         meta = update_meta(delivery.message)
         try:
-            deltas = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
-            outcome, closed = await self.replica.add(meta, deltas)
+            deltas, payload = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
+            outcome, closed = await self.replica.add(meta, deltas, payload)
         except RemoteProtocolError as exc:
             self.stats.rejections[exc.reason.value] += 1
             log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,

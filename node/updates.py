@@ -3,7 +3,8 @@
 Outgoing: `make_delta` (Δ = θ_base − θ_local) and `compress` (error feedback → payload + the dequantized Δ
 that every receiver will decode, which the sender adds to its own ledger). Incoming: `accept_hook`
 refuses headers that cannot fit this node's model before any download (the router counts and penalizes);
-`decode_update` turns a fetched payload into float32 deltas, refusing bad ones with a named `Reason`;
+`decode_update` turns a fetched payload into float32 deltas (and the `Payload` the ledger keeps with
+them), refusing bad ones with a named `Reason`;
 `update_meta` copies the header fields the ledger uses.
 """
 
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.compression import ErrorFeedback, decode_tensors
+from protocol.compression import Codec, ErrorFeedback, decode_tensors
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import UpdateMeta
+from protocol.ledger import Payload, UpdateMeta
 from protocol.messages import Signed, UpdateHeader
 
 __all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
@@ -56,12 +57,15 @@ def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
     return accept
 
 
-def decode_update(header: UpdateHeader, blob: Path | bytes, shapes: Shapes) -> dict[str, np.ndarray]:
-    """Float32 deltas of a fetched payload. Raises RemoteProtocolError (SHAPE_MISMATCH, BAD_CODEC,
-    NON_FINITE, MALFORMED) for a payload that does not fit; blocking (file read), run it in a thread."""
+def decode_update(header: UpdateHeader, blob: Path | bytes,
+                  shapes: Shapes) -> tuple[dict[str, np.ndarray], Payload]:
+    """Float32 deltas of a fetched payload, and the payload they are the exact decode of (for
+    `Ledger.add`). Raises RemoteProtocolError (SHAPE_MISMATCH, BAD_CODEC, NON_FINITE, MALFORMED) for a
+    payload that does not fit; blocking (file read), run it in a thread."""
     check_header(header, shapes)
-    data = blob.read_bytes() if isinstance(blob, Path) else blob
-    return decode_tensors(data, header.codec, dict(shapes))
+    data = blob.read_bytes() if isinstance(blob, Path) else bytes(blob)
+    deltas = decode_tensors(data, header.codec, dict(shapes))
+    return deltas, Payload(Codec(header.codec), data)
 
 
 def make_delta(base: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from protocol.ledger.config import Aggregation, LedgerConfig, Outcome, StalePoli
 from protocol.ledger.fork import LedgerView, Totals, Verdict, compatible, reconcile
 from protocol.ledger.ledger import ClosedSlot, Ledger
 from protocol.ledger.outer import fold_coefficients
+from protocol.ledger.payload import Payload
 from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.weights import staleness, update_weight
@@ -25,6 +26,7 @@ __all__ = [
     "LedgerView",
     "LedgerSnapshot",
     "Outcome",
+    "Payload",
     "SlotClosePolicy",
     "SnapshotEntry",
     "StalePolicy",

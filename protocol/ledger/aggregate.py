@@ -26,6 +26,7 @@ import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
+from protocol.ledger.payload import Payload
 
 __all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "coefficient", "slot_scale", "uses_radial"]
 
@@ -35,13 +36,15 @@ _F64 = np.float64
 @dataclass(frozen=True)
 class SlotEntry:
     """One update applied (or held) at ``slot``: its header, weight, float32 deltas (read-only,
-    C-contiguous copies) and the float64 norm of every tensor."""
+    C-contiguous copies), the float64 norm of every tensor, and the encoded payload the deltas decode
+    from, when the caller had one (snapshots then store it instead of the deltas)."""
 
     meta: UpdateMeta
     slot: int
     weight: float
     deltas: Mapping[str, np.ndarray]
     norms: Mapping[str, float]
+    payload: Payload | None = None
 
 
 def uses_radial(name: str, config: LedgerConfig) -> bool:

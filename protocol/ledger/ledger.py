@@ -40,8 +40,9 @@ replica's updates to the state that replaced it.
 Updates that arrived after their slot left the window break the invariant by design (where they land
 depends on when they arrived); they are counted. Memory: the float32 deltas of every update in the window
 and the open slot (the exact sufficient statistic of the nonlinear radial-directional aggregate, needed
-for the canonical recomputation), one float64 accumulator per live slot, float64 θ, v twice (working and
-window bottom) and one float64 scratch.
+for the canonical recomputation) and the encoded payload each was given with (int4: ~1/8 of its deltas;
+snapshots store it instead of the deltas), one float64 accumulator per live slot, float64 θ, v twice
+(working and window bottom) and one float64 scratch.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from protocol.ledger.chunks import copy_with_norm, tensor_norm
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
+from protocol.ledger.payload import Payload, check_payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.weights import check_meta, update_weight
@@ -205,13 +207,16 @@ class Ledger:
         return {n: self._v[n].astype(dtype) for n in self._shapes}
 
     # -- the state machine --------------------------------------------------------------------------
-    def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray]) -> Outcome:
+    def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray], payload: Payload | None = None) -> Outcome:
         """Apply, fold, hold or drop one update (see the module docstring); returns and counts the outcome.
 
         ``deltas`` are the float32 dequantized pseudo-gradients ``θ_base − θ_local``. Arrays that own their
         memory and are C-contiguous are *adopted*, not copied: the ledger keeps them and marks them
         read-only (a later write by the caller raises). Others (views, strided) are copied.
-        Raises ``RemoteProtocolError`` (bad slot, schema, shape, non-finite) without changing any state.
+        ``payload``, if given, is the encoded update that ``deltas`` are the exact decode of (the caller's
+        contract; only its codec and size are checked, ``LocalProtocolError``): kept with the entry, and
+        what snapshots store. Raises ``RemoteProtocolError`` (bad slot, schema, shape, non-finite)
+        without changing any state.
         """
         check_meta(meta)
         if meta.update_id in self._seen:
@@ -224,7 +229,7 @@ class Ledger:
             self._seen.add(meta.update_id)
             return self._count(Outcome.DROPPED_STALE)
         applied_at = n + 1 if stale else target
-        entry = self._make_entry(meta, applied_at, deltas)
+        entry = self._make_entry(meta, applied_at, deltas, payload)
         self._seen.add(meta.update_id)
         if target > n + 1:
             self._held.setdefault(target, []).append(entry)
@@ -258,7 +263,7 @@ class Ledger:
             target = e.meta.target_slot
             if e.meta.update_id in self._seen or not self._base < target <= self._n + 1 + self.config.max_future_slots:
                 continue
-            self.add(e.meta, e.deltas)
+            self.add(e.meta, e.deltas, payload=e.payload)
             carried += 1
         return carried, self.ignore(old.seen_ids())
 
@@ -321,7 +326,7 @@ class Ledger:
             shapes=dict(self._shapes),
             base_params=_f64_copy(self._base_theta),
             base_momentum=_f64_copy(self._base_v),
-            entries=tuple(SnapshotEntry(meta=e.meta, slot=e.slot, deltas=e.deltas) for e in live + held),
+            entries=tuple(SnapshotEntry(e.meta, e.slot, e.deltas, e.payload) for e in live + held),
             chain=self._chain,
             seen=tuple(sorted(self._seen)),
             counters=dict(self._counters),
@@ -367,7 +372,7 @@ class Ledger:
                 held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))
             ):
                 raise _bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
-            entries.append(self._make_entry(e.meta, e.slot, e.deltas))
+            entries.append(self._make_entry(e.meta, e.slot, e.deltas, e.payload))
         self._restore(
             n,
             base,
@@ -386,7 +391,10 @@ class Ledger:
         self._counters[outcome.value] += 1
         return outcome
 
-    def _make_entry(self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray]) -> SlotEntry:
+    def _make_entry(
+        self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray], payload: Payload | None
+    ) -> SlotEntry:
+        check_payload(payload, self._shapes)
         if sorted(deltas) != list(self._shapes):
             raise RemoteProtocolError(
                 Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"
@@ -410,9 +418,8 @@ class Ledger:
                 raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
         for x in adopted:  # only once every tensor passed: a refused update leaves the caller's arrays alone
             x.flags.writeable = False
-        return SlotEntry(
-            meta=meta, slot=slot, weight=update_weight(meta, slot, self.config), deltas=kept, norms=norms
-        )
+        weight = update_weight(meta, slot, self.config)
+        return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload)
 
     def _canonical_step(self, theta: dict, v: dict, s: int) -> None:
         """Step ``(theta, v)`` with slot ``s``'s canonical aggregate (recomputed into the scratch)."""

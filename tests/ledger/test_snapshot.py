@@ -70,7 +70,7 @@ BAD = [
     ("not a map", lambda raw: msgpack.packb([1, 2])),
     ("extra key", lambda raw: mutate(raw, set_("extra", 1))),
     ("missing key", lambda raw: mutate(raw, lambda d: d.pop("chain"))),
-    ("version", lambda raw: mutate(raw, set_("version", 3))),
+    ("version", lambda raw: mutate(raw, set_("version", 4))),
     ("bool version", lambda raw: mutate(raw, set_("version", True))),
     ("v1 keys in v2", lambda raw: mutate(raw, lambda d: (d.pop("applied_tokens"), d.pop("applied_sum")))),
     ("v1 past slot 0", lambda raw: mutate(raw, lambda d: (d.update(version=1), d.pop("applied_tokens"),

@@ -15,6 +15,7 @@ from node.data import Dataset
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from node.train import InnerLoop
+from protocol.ledger import Ledger, LedgerSnapshot
 from waiting import wait_for
 
 SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
@@ -76,3 +77,8 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
         assert from_host.get("shape_mismatch", 0) >= 1, "the wrong-shape header was refused before download"
         assert from_host.get("malformed", 0) >= 1, "the garbage frames were refused"
     assert a.stats.updates_published == 4 and a.stats.contributed_step_seconds > 0
+    for node in agreeing:  # own and gossiped updates are kept as their int4 payloads, which snapshots store
+        snap, ledger_digest, params_digest = await node.replica.snapshot()
+        assert snap.entries and all(e.payload is not None and e.payload.codec == "int4" for e in snap.entries)
+        loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(snap.to_bytes()), node.ledger_config, node.shapes)
+        assert (loaded.ledger_digest(), loaded.params_digest()) == (ledger_digest, params_digest)

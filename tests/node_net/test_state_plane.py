@@ -14,9 +14,10 @@ import p2p
 from node.join import StateServer, sync_state
 from node.repair import pull_missing
 from node.replica import Replica
+from protocol.compression import Codec, decode_tensors, encode_tensors
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
-from protocol.ledger import Ledger, LedgerConfig, UpdateMeta
+from protocol.ledger import Ledger, LedgerConfig, Payload, UpdateMeta
 from protocol.messages import StateManifest
 from protocol.validation import Validator
 from waiting import wait_for
@@ -44,13 +45,20 @@ def update(seed: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np
     return meta, {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
 
 
+def encoded(meta: UpdateMeta, deltas: dict[str, np.ndarray]) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
+    """The update as a node adds it: int4-encoded, its deltas the payload's exact decode."""
+    data = encode_tensors(deltas, Codec.INT4)
+    return meta, decode_tensors(data, Codec.INT4, SHAPES), Payload(Codec.INT4, data)
+
+
 async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path) -> None:
-    updates = [update(i, base, pub) for i, (base, pub) in enumerate([(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)])]
+    placements = [(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)]
+    updates = [encoded(*update(i, base, pub)) for i, (base, pub) in enumerate(placements)]
     full, partial = Replica(fresh_ledger()), Replica(fresh_ledger())
-    for i, (meta, deltas) in enumerate(updates):
-        await full.add(meta, {k: v.copy() for k, v in deltas.items()})
+    for i, (meta, deltas, payload) in enumerate(updates):
+        await full.add(meta, {k: v.copy() for k, v in deltas.items()}, payload)
         if i in (0, 3):  # the partial replica missed the others (a partition)
-            await partial.add(meta, {k: v.copy() for k, v in deltas.items()})
+            await partial.add(meta, {k: v.copy() for k, v in deltas.items()}, payload)
     await full.close_open()
     await partial.close_open()
     assert full.set_hash.hex() != partial.set_hash.hex()
@@ -72,6 +80,9 @@ async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path)
     await full.close_known()
     await partial.close_known()
     assert partial.slot == full.slot and await partial.digests() == await full.digests()
+    payloads = [{e.meta.update_id: e.payload for e in (await r.snapshot())[0].entries} for r in (partial, full)]
+    assert len(payloads[0]) == 5 and None not in payloads[0].values() and payloads[0] == payloads[1], \
+        "pulled updates keep their payloads"
 
 
 async def test_a_joiner_takes_the_state_two_peers_confirm_and_verifies_it(tmp_path: Path) -> None:
