@@ -13,7 +13,9 @@ the load of a shared machine. Held-out bits per byte at equal tokens:
             slot waits up to H/2 steps for the others' updates, and the round follows θ as it moves
 
 Learner i does a step per tick with probability `speeds[i]`; updates reach the others `latency` ticks
-after they are published. Run: `python -m testnet.benchmarks.quality --rounds 20`.
+after they are published. Run: `python -m testnet.benchmarks.quality --rounds 20`. `--set KEY=VALUE` overrides
+a config field (model, data or inner optimizer) for the learners and data-parallel alike; `--model` picks
+another preset; `--aggregation` and `--hold` change the ledger's aggregation and the eager slot wait.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from node.config import Config
 
 MODES = ("sync", "wait-1", "wait-5", "eager")
 
@@ -56,7 +62,9 @@ class Simulation:
     """M learners on one simulated clock (see the module docstring)."""
 
     def __init__(self, mode: str, *, workers: int, inner_steps: int, speeds: Sequence[float], latency: int,
-                 codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9) -> None:
+                 codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 aggregation: str = "radial-directional", hold: int | None = None,
+                 config: Config | None = None) -> None:
         from node.config import preset
         from node.data import Dataset
         from node.model import embedding_names
@@ -65,17 +73,17 @@ class Simulation:
         from protocol.ledger import Ledger, LedgerConfig
 
         self.mode, self.H, self.latency = mode, inner_steps, latency
-        self.cfg = preset("tiny")
+        self.cfg = config if config is not None else preset("tiny")
         self.dataset = Dataset(self.cfg.data, seq_len=self.cfg.model.seq_len, vocab_size=self.cfg.model.vocab_size)
         self.speeds = list(speeds)
-        ledger_cfg = LedgerConfig(window=8, lr=outer_lr, momentum=outer_momentum,
+        ledger_cfg = LedgerConfig(window=8, lr=outer_lr, momentum=outer_momentum, aggregation=aggregation,
                                   embeddings=frozenset(embedding_names(self.cfg.model)))
         self.learners = []
         for i in range(workers):
             loop = InnerLoop(self.cfg.model, self.cfg.inner, self.dataset.batcher(f"worker-{i}"))
             ledger = Ledger(loop.params, ledger_cfg)
             self.learners.append(Learner(i, loop, ledger, ErrorFeedback(codec), base=ledger.params()))
-        self.hold = {"sync": None, "wait-1": 1, "wait-5": 5, "eager": inner_steps // 2}[mode]
+        self.hold = {"sync": None, "wait-1": 1, "wait-5": 5, "eager": hold or inner_steps // 2}[mode]
         self.rng = np.random.default_rng(seed)
         self.offsets = [0 if mode == "sync" else int(self.rng.integers(0, inner_steps // 2)) for _ in self.learners]
         self.inbox: dict[tuple[int, int], list] = defaultdict(list)
@@ -174,12 +182,10 @@ class Simulation:
                 "at_close": float(np.mean(self.at_close)) if self.at_close else float("nan")}
 
 
-def dp_at(tokens: int, workers: int) -> float:
+def dp_at(tokens: int, workers: int, cfg: Config) -> float:
     """Held-out bpb of synchronous data-parallel over `workers` workers after `tokens` tokens."""
     from node.baseline import run_baseline, worker_keys
-    from node.config import preset
 
-    cfg = preset("tiny")
     steps = round(tokens / (workers * cfg.data.batch_size * cfg.model.seq_len))
     return run_baseline(cfg, steps=steps, shard_keys=worker_keys(workers), eval_every=max(1, steps),
                         eval_batches=16)[-1].bits_per_byte
@@ -197,20 +203,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--hold", type=int, default=None, help="eager: steps a slot waits for due updates (default H/2)")
+    p.add_argument("--aggregation", default="radial-directional", choices=("radial-directional", "mean"))
+    p.add_argument("--model", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field for both the learners and data-parallel, e.g. total_steps=1000")
     a = p.parse_args(argv)
+    from node.config import preset
+
+    cfg = preset(a.model).with_overrides_from_strings(a.set)
     speeds = [float(x) for x in a.speeds.split(",")]
     if len(speeds) != a.workers:
         p.error(f"--speeds needs {a.workers} values")
-    print(f"{a.workers} learners, tiny model, H={a.inner_steps}, {a.codec}, speeds {speeds}, latency {a.latency} "
-          f"steps, outer Nesterov lr {a.outer_lr} momentum {a.outer_momentum}, {a.rounds} rounds of the slowest learner; held-out bits per byte (16 batches)", flush=True)
+    overrides = f" ({', '.join(a.set)})" if a.set else ""
+    print(f"{a.workers} learners, {a.model} model{overrides}, H={a.inner_steps}, {a.codec}, speeds {speeds}, "
+          f"latency {a.latency} steps, outer Nesterov lr {a.outer_lr} momentum {a.outer_momentum}, {a.aggregation}, "
+          f"{a.rounds} rounds of the slowest learner; held-out bits per byte (16 batches)", flush=True)
     rows = []
     for mode in a.modes.split(","):
         started = time.perf_counter()
         sim = Simulation(mode, workers=a.workers, inner_steps=a.inner_steps,
                          speeds=[1.0] * a.workers if mode == "sync" else speeds, latency=a.latency, codec=a.codec,
-                         seed=a.seed, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+                         seed=a.seed, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
+                         aggregation=a.aggregation, hold=a.hold, config=cfg)
         r = sim.run(a.rounds)
-        r["dp"] = dp_at(r["tokens"], a.workers)
+        r["dp"] = dp_at(r["tokens"], a.workers, cfg)
         rows.append(r)
         print(f"{mode:7s} bpb {r['bpb']:.4f}  dp at the same tokens {r['dp']:.4f}  ratio {r['bpb'] / r['dp']:.4f}  "
               f"| ticks {r['ticks']} tokens {r['tokens']:,} idle {r['idle']:.3f} updates/slot at close "
