@@ -19,7 +19,7 @@ ours at the last comparison; and at once with the origin of a gossip update that
 left our window (applied stale or dropped: our history now differs from the origin's).
 
 The snapshot blob is fetched for this one use and removed again, unless this node held it already
-(`node.join.read_peer_blob`: equal states have equal snapshot bytes, and that blob is then our own
+(`node.join.read_peer_blob`: equal states can have equal snapshot bytes, and that blob is then our own
 served snapshot).
 """
 
