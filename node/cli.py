@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="config override, repeatable, e.g. --set batch_size=8 --set inner.lr=1e-3")
     train.add_argument("--inner-steps", type=int, default=50, metavar="H",
                        help="inner optimizer steps per round (default %(default)s)")
-    train.add_argument("--adaptive-steps", action="store_true",
+    train.add_argument("--adaptive-steps", action=argparse.BooleanOptionalAction, default=True,
                        help="end a round when the peers' measured round time is used up (at most H steps), "
-                            "so a slow node does fewer steps instead of arriving late")
+                            "so a slow node sends a smaller update on time instead of a full one late "
+                            "(default on; --no-adaptive-steps: always H steps)")
     train.add_argument("--max-rounds", type=int, default=None, metavar="N",
                        help="after N rounds: drain (wait for the peers), goodbye, checkpoint, print STOPPED, "
                             "exit 0 (default: run until SIGTERM/SIGINT)")

@@ -325,7 +325,7 @@ class NodeRuntime:
             return
         now = self.host.now()
         self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
-        self.rounds.peer_clock.observe(header.origin, now)
+        self.rounds.peer_clock.observe(header.origin, now, header.inner_steps, self.settings.inner_steps)
         self.rounds.payloads.append((meta.target_slot, header.payload_sha256.hex()))
         stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
         log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",

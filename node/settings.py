@@ -34,7 +34,7 @@ class NodeSettings:
     model: str = "tiny"
     overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.config (e.g. "batch_size=8")
     inner_steps: int = 50
-    adaptive_steps: bool = False
+    adaptive_steps: bool = True
     max_rounds: int | None = None  # None: until a signal
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 1

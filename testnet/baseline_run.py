@@ -8,8 +8,8 @@ Same model preset and data as the nodes, one worker per node with the node's pee
 Its wall-time axis under failures is derived in the report (`testnet.report.stretch`), since a failure
 stalls data-parallel training without changing what it computes.
 
-The config is the node's own: `node.settings.NodeSettings.ml_config` (preset, `--seed` as the initial
-parameters' and data order's seed, `--data`), so the two cannot drift apart; held-out bits per byte use
+The config is the node's own: `node.settings.NodeSettings.ml_config` (preset, `--set` overrides, `--seed` as
+the initial parameters' and data order's seed, `--data`), so the two cannot drift apart; held-out bits per byte use
 the same `--eval-batches` fixed batches as the nodes.
 """
 
@@ -29,26 +29,31 @@ from testnet.procs import GroupRegistry, LineReader, drain_to_log, log_tail, spa
 __all__ = ["baseline_argv", "baseline_config", "baseline_steps", "main", "run_baseline_child"]
 
 
-def baseline_config(model: str, data: Sequence[str], seed: int):  # -> node.config.Config
-    """The nodes' training config (their `NodeSettings.ml_config`; the shard key is set per worker)."""
+def baseline_config(model: str, data: Sequence[str], seed: int,
+                    overrides: Sequence[str] = ()):  # -> node.config.Config
+    """The nodes' training config (their `NodeSettings.ml_config`, with the nodes' `--set` overrides;
+    the shard key is set per worker)."""
     from node.settings import NodeSettings
 
-    settings = NodeSettings(run_id="baseline", key_path=Path("unused.key"), model=model, data=tuple(data), seed=seed)
+    settings = NodeSettings(run_id="baseline", key_path=Path("unused.key"), model=model, data=tuple(data), seed=seed,
+                            overrides=tuple(overrides))
     return settings.ml_config(shard_key="")
 
 
-def baseline_steps(total_tokens: float, nodes: int, model: str) -> int:
-    """Synchronous steps that consume `total_tokens` with `nodes` workers at the preset's batch."""
-    cfg = baseline_config(model, (), 0)
+def baseline_steps(total_tokens: float, nodes: int, model: str, overrides: Sequence[str] = ()) -> int:
+    """Synchronous steps that consume `total_tokens` with `nodes` workers at the nodes' batch."""
+    cfg = baseline_config(model, (), 0, overrides)
     return max(1, round(total_tokens / (nodes * cfg.data.batch_size * cfg.model.seq_len)))
 
 
 def baseline_argv(*, model: str, data: Sequence[str], seed: int, steps: int, shard_keys: Sequence[str], out: Path,
-                  eval_batches: int, eval_every: int | None = None) -> list[str]:
+                  eval_batches: int, eval_every: int | None = None, overrides: Sequence[str] = ()) -> list[str]:
     every = eval_every or max(1, steps // 40)
     argv = [sys.executable, "-m", "testnet.baseline_run", "--model", model, "--seed", str(seed), "--steps", str(steps),
             "--eval-every", str(every), "--eval-batches", str(eval_batches), "--shard-keys", ",".join(shard_keys),
             "--out", str(out)]
+    for item in overrides:
+        argv += ["--set", item]
     return argv + (["--data", ",".join(data)] if data else [])
 
 
@@ -77,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-batches", type=int, default=4)
     p.add_argument("--shard-keys", required=True, help="comma-separated: one worker per key (the nodes' peer ids)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, as the nodes' --set (repeatable)")
     args = p.parse_args(argv)
     from node.baseline import run_baseline
     from node.config import ConfigError
@@ -86,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = [d for d in args.data.split(",") if d]
     started = time.time()
     try:
-        cfg = baseline_config(args.model, data, args.seed)
+        cfg = baseline_config(args.model, data, args.seed, args.overrides)
         print(f"data-parallel baseline: {len(keys)} workers x batch {cfg.data.batch_size}, {args.steps} steps",
               flush=True)
         points = run_baseline(cfg, steps=args.steps, shard_keys=keys, eval_every=args.eval_every,

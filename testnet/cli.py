@@ -70,8 +70,23 @@ class Options:
     stop_grace: float = 20.0
     poll_interval: float = 1.0
     node_args: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
     jax_cache: str = "auto"
     plan_only: bool = False
+
+    def config_overrides(self) -> tuple[str, ...]:
+        """`--set` items for the nodes and the baseline. With `--rounds` and no `total_steps` given, the
+        inner learning-rate schedule spans the run, `total_steps = rounds × inner_steps` (when that is
+        longer than the warmup; a shorter run keeps the preset's schedule)."""
+        from node.config import preset
+
+        given = any(item.partition("=")[0].strip().endswith("total_steps") for item in self.overrides)
+        if self.rounds is None or given:
+            return self.overrides
+        horizon = self.rounds * self.inner_steps
+        if horizon <= preset(self.model).with_overrides_from_strings(self.overrides).inner.warmup_steps:
+            return self.overrides
+        return (*self.overrides, f"total_steps={horizon}")
 
     def jax_cache_dir(self) -> Path | None:
         """Where the nodes share JAX's compilation cache (`auto`: OUT/jax-cache; `none`: no cache)."""
@@ -89,11 +104,11 @@ def build_plan(o: Options) -> FaultPlan:
                      partitions=[parse_partition(p, o.nodes) for p in o.partition], slow=slow, misbehave=misbehave)
 
 
-def _param_count(model: str) -> int:
+def _param_count(model: str, overrides: Sequence[str]) -> int:
     from node.config import preset
     from node.model import param_count
 
-    return param_count(preset(model).model)
+    return param_count(preset(model).with_overrides_from_strings(overrides).model)
 
 
 def _new_run_dir(out: Path) -> Path:
@@ -166,6 +181,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     plan = build_plan(o)
     for line in plan.describe():
         _say(line)
+    if o.config_overrides():
+        _say(f"config overrides (nodes and baseline): {' '.join(o.config_overrides())}")
     if o.plan_only:
         return Path()
     run_dir = _new_run_dir(o.out)
@@ -187,7 +204,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                 wan_desc = f"off ({support.reason})"
         settings = NodeSettings(run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps,
                                 eval_every=o.eval_every, eval_batches=o.eval_batches, max_rounds=o.rounds,
-                                seed=o.seed, data=o.data, compression=o.compression,
+                                seed=o.seed, data=o.data, compression=o.compression, overrides=o.config_overrides(),
                                 allow_chaos=bool(plan.partitions) and network is None, extra_args=o.node_args)
 
         def default_builder(specs: list) -> ArgvBuilder:
@@ -201,7 +218,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                               slow=dict(plan.slow), misbehave=dict(plan.misbehave))
         meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs],
                        wan=wan_desc, data=list(o.data), compression=o.compression, seed=o.seed,
-                       extra={"param_count": _param_count(o.model), "options": _jsonable(o)})
+                       extra={"param_count": _param_count(o.model, o.config_overrides()), "options": _jsonable(o)})
         if solo_rates is not None:
             (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": solo_rates}))
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
@@ -220,10 +237,10 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
 
 async def _baseline(o: Options, run_dir: Path, meta: RunMeta, registry: GroupRegistry) -> None:
     tokens = Timeline(load_run(run_dir)).total_at("tokens", meta.t_end)
-    steps = baseline_steps(tokens, o.nodes, o.model)
+    steps = baseline_steps(tokens, o.nodes, o.model, o.config_overrides())
     _say(f"data-parallel baseline: {o.nodes} workers, {steps} synchronous steps ({tokens:,.0f} tokens, as the nodes)")
     argv = baseline_argv(model=o.model, data=o.data, seed=o.seed, steps=steps, shard_keys=meta.peer_ids,
-                         out=run_dir / "baseline.json", eval_batches=o.eval_batches)
+                         out=run_dir / "baseline.json", eval_batches=o.eval_batches, overrides=o.config_overrides())
     await run_baseline_child(argv, run_dir / "baseline.log", registry)
 
 
@@ -252,7 +269,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                                                   "alike (default 4)")
     a("--rounds", type=int, metavar="R", help="every node stops by itself after R rounds, first waiting for its "
                                               "peers (drain), so the run ends quiescent with equal digests; "
-                                              "--minutes is then an upper bound (default: run --minutes)")
+                                              "--minutes is then an upper bound, and the inner learning-rate "
+                                              "schedule decays over the run (total_steps = R x H, unless --set "
+                                              "gives it) (default: run --minutes)")
     a("--kill-every", type=float, default=0.0, metavar="T",
       help="SIGKILL a random running node every T seconds (0 = never; default 0)")
     a("--downtime", type=float, default=15.0, metavar="D", help="restart a killed node after D seconds (default 15)")
@@ -278,6 +297,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--start-timeout", type=float, default=180.0, help="seconds a node may take to print LISTENING (default 180)")
     a("--stop-grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL at the end (default 20)")
     a("--poll-interval", type=float, default=1.0, help="seconds between /status polls (default 1)")
+    a("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+      help="model/data/optimizer override for every node and the baseline alike, e.g. --set inner.lr=1e-3 "
+           "(repeatable; keys as in diloco-node --set)")
     a("--node-arg", action="append", default=[], metavar="ARG", help="extra argument for every node (repeatable)")
     a("--jax-cache", default="auto", metavar="DIR",
       help="JAX compilation cache shared by the nodes, so restarts skip compiling (default auto = OUT/jax-cache; "
@@ -288,6 +310,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("--nodes, --inner-steps and --eval-batches must be >= 1 and --minutes > 0")
     if ns.rounds is not None and ns.rounds < 1:
         p.error("--rounds must be >= 1")
+    from node.config import ConfigError, preset
+
+    try:
+        preset(ns.model).with_overrides_from_strings(ns.overrides)
+    except ConfigError as e:
+        p.error(str(e))
     data = tuple(d for item in ns.data for d in item.split(",") if d)
     return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
                    compression=ns.compression, data=data, seed=ns.seed, eval_every=ns.eval_every,
@@ -296,7 +324,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    slow=tuple(ns.slow), partition=tuple(ns.partition), misbehave=tuple(ns.misbehave), wan=ns.wan,
                    baseline=ns.baseline, solo_seconds=ns.solo_seconds, out=ns.out, progress=ns.progress,
                    start_timeout=ns.start_timeout, stop_grace=ns.stop_grace, poll_interval=ns.poll_interval,
-                   node_args=tuple(ns.node_arg), plan_only=ns.plan_only)
+                   node_args=tuple(ns.node_arg), overrides=tuple(ns.overrides), plan_only=ns.plan_only)
 
 
 def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:

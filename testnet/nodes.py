@@ -57,6 +57,7 @@ class NodeSettings:
     data: tuple[str, ...] = ()
     compression: str | None = None
     allow_chaos: bool = False
+    overrides: tuple[str, ...] = ()  # KEY=VALUE config overrides, each passed as --set
     extra_args: tuple[str, ...] = ()
 
 
@@ -94,6 +95,8 @@ def node_argv(spec: NodeSpec, settings: NodeSettings, *, gossip_port: int, http_
             "--seed", str(settings.seed)]
     if settings.max_rounds is not None:
         argv += ["--max-rounds", str(settings.max_rounds)]
+    for item in settings.overrides:
+        argv += ["--set", item]
     if peers:
         argv += ["--peers", ",".join(peers)]
     if settings.data:

@@ -46,6 +46,7 @@ class Learner:
     base: dict = field(default_factory=dict)  # what Δ is taken against
     base_slot: int = 0
     steps: int = 0
+    round_ticks: int = 0  # ticks the current round has trained (or tried to)
     rounds: int = 0
     idle: int = 0
     waiting: tuple[int, int] | None = None  # (slot of the own update, tick its round ended)
@@ -64,7 +65,7 @@ class Simulation:
     def __init__(self, mode: str, *, workers: int, inner_steps: int, speeds: Sequence[float], latency: int,
                  codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  aggregation: str = "radial-directional", hold: int | None = None,
-                 config: Config | None = None) -> None:
+                 adaptive: bool = False, config: Config | None = None) -> None:
         from node.config import preset
         from node.data import Dataset
         from node.model import embedding_names
@@ -72,7 +73,7 @@ class Simulation:
         from protocol.compression import ErrorFeedback
         from protocol.ledger import Ledger, LedgerConfig
 
-        self.mode, self.H, self.latency = mode, inner_steps, latency
+        self.mode, self.H, self.latency, self.adaptive = mode, inner_steps, latency, adaptive
         self.cfg = config if config is not None else preset("tiny")
         self.dataset = Dataset(self.cfg.data, seq_len=self.cfg.model.seq_len, vocab_size=self.cfg.model.vocab_size)
         self.speeds = list(speeds)
@@ -115,13 +116,14 @@ class Simulation:
         _, delta = ln.feedback.compress({k: np.asarray(ln.base[k] - local[k], np.float32) for k in local})
         self.updates += 1
         meta = UpdateMeta(hashlib.sha256(b"%d" % self.updates).digest(), f"worker-{ln.index}", ln.base_slot,
-                          ln.ledger.slot, self.H * self.cfg.data.batch_size * self.cfg.model.seq_len, self.H)
+                          ln.ledger.slot, ln.steps * self.cfg.data.batch_size * self.cfg.model.seq_len, ln.steps)
         ln.ledger.add(meta, delta)
         _catch_up(ln.ledger)
         for other in self.learners:
             if other is not ln:
                 self.inbox[(self.tick + self.latency, other.index)].append((meta, delta))
         ln.waiting, ln.own, ln.steps, ln.rounds = (meta.target_slot, self.tick), delta, 0, ln.rounds + 1
+        ln.round_ticks = 0
         if self.mode == "eager":
             ln.base = local  # go on from the own progress; the slot's aggregate replaces it at close
         else:
@@ -154,11 +156,11 @@ class Simulation:
         if self.tick <= self.offsets[ln.index] or (ln.waiting is not None and self.mode != "eager"):
             ln.idle += 1
             return
-        if self.rng.random() >= self.speeds[ln.index]:
-            return
-        ln.loop.run(1)
-        ln.steps += 1
-        if ln.steps == self.H:
+        ln.round_ticks += 1
+        if self.rng.random() < self.speeds[ln.index]:
+            ln.loop.run(1)
+            ln.steps += 1
+        if ln.steps == self.H or (self.adaptive and ln.round_ticks >= self.H and ln.steps):
             self._publish(ln)
 
     # -- the run -----------------------------------------------------------------------------------
@@ -204,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--hold", type=int, default=None, help="eager: steps a slot waits for due updates (default H/2)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="a round ends after H ticks (the node's --adaptive-steps): a slow learner does fewer steps")
     p.add_argument("--aggregation", default="radial-directional", choices=("radial-directional", "mean"))
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -225,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sim = Simulation(mode, workers=a.workers, inner_steps=a.inner_steps,
                          speeds=[1.0] * a.workers if mode == "sync" else speeds, latency=a.latency, codec=a.codec,
                          seed=a.seed, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
-                         aggregation=a.aggregation, hold=a.hold, config=cfg)
+                         aggregation=a.aggregation, hold=a.hold, adaptive=a.adaptive, config=cfg)
         r = sim.run(a.rounds)
         r["dp"] = dp_at(r["tokens"], a.workers, cfg)
         rows.append(r)

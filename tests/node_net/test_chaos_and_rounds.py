@@ -59,6 +59,16 @@ def test_peer_round_clock_takes_the_median_of_peers_round_times() -> None:
     assert math.isclose(clock.target_seconds(), 6.0)  # median of 2 (fast) and 10 (slow)
 
 
+def test_a_round_cut_short_counts_as_the_full_round_it_stands_for() -> None:
+    clock = PeerRoundClock()
+    clock.observe("cut", 0.0, 50, 50)
+    clock.observe("cut", 4.0, 40, 50)  # 40 of 50 steps in 4 s: a full round takes about 5 s
+    assert math.isclose(clock.target_seconds(), 5.0)
+    assert clock.due(7.0, 8.5) == 1, "the next update is due after the measured interval, 4 s, not 5 s"
+    clock.observe("cut", 9.0, 50, 50)
+    assert math.isclose(clock.target_seconds(), 0.7 * 5.0 + 0.3 * 5.0)
+
+
 def test_should_stop_honours_the_budget_but_always_allows_one_step() -> None:
     stop = ShouldStop(lambda: False, Slowdown(1.0), budget_s=0.0)
     assert stop() is False, "the first step always runs"

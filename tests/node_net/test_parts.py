@@ -105,9 +105,11 @@ def test_cli_flags_of_the_contract_parse_into_settings(tmp_path: Path) -> None:
     assert cfg.data.sources == ("a.txt", "b.txt")
 
 
-def test_defaults_are_int4_and_no_round_limit(tmp_path: Path) -> None:
+def test_defaults_are_int4_adaptive_steps_and_no_round_limit(tmp_path: Path) -> None:
     s = settings_from_args(build_parser().parse_args(["--run-id", "r", "--key", str(tmp_path / "k")]))
-    assert s.compression == "int4" and s.max_rounds is None and s.checkpoint_dir is None
+    assert s.compression == "int4" and s.max_rounds is None and s.checkpoint_dir is None and s.adaptive_steps
+    fixed = build_parser().parse_args(["--run-id", "r", "--key", str(tmp_path / "k"), "--no-adaptive-steps"])
+    assert not settings_from_args(fixed).adaptive_steps
 
 
 @pytest.mark.parametrize("change", [{"run_id": ""}, {"inner_steps": 0}, {"listen": "nohost"}, {"slowdown": 0.5},

@@ -37,6 +37,27 @@ def test_flags_build_the_plan() -> None:
     assert build_plan(o) == plan
 
 
+def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_path: Path) -> None:
+    from testnet.baseline_run import baseline_argv, baseline_config
+    from testnet.nodes import NodeSettings, NodeSpec, node_argv
+
+    assert parse_args([]).config_overrides() == ()
+    o = parse_args(["--rounds", "20", "--inner-steps", "5", "--set", "inner.lr=1e-3"])
+    assert o.config_overrides() == ("inner.lr=1e-3", "total_steps=100")
+    given = ("inner.total_steps=700",)
+    assert parse_args(["--rounds", "10", "--set", given[0]]).config_overrides() == given
+    assert parse_args(["--rounds", "2", "--inner-steps", "5"]).config_overrides() == (), "shorter than the warmup"
+    spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
+    argv = node_argv(spec, NodeSettings(run_id="r", overrides=o.config_overrides()), gossip_port=0, http_port=0,
+                     peers=())
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == ["inner.lr=1e-3", "total_steps=100"]
+    base = baseline_argv(model="tiny", data=(), seed=0, steps=3, shard_keys=["p"], out=tmp_path / "b.json",
+                         eval_batches=1, overrides=o.config_overrides())
+    assert [base[i + 1] for i, a in enumerate(base) if a == "--set"] == ["inner.lr=1e-3", "total_steps=100"]
+    cfg = baseline_config("tiny", (), 0, o.config_overrides())
+    assert (cfg.inner.lr, cfg.inner.total_steps) == (1e-3, 100)
+
+
 def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--plan-only", "--kill-every", "30", "--seed", "1"]) == 0
     out = capsys.readouterr().out
@@ -45,6 +66,9 @@ def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert "node 9 does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args(["--nodes", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--set", "no_such_field=1"])
+    assert "unknown config key 'no_such_field'" in capsys.readouterr().err
 
 
 async def test_a_whole_run_writes_the_report_and_stops_everything(tmp_path: Path,
