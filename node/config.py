@@ -111,8 +111,9 @@ class DataConfig:
 class InnerConfig:
     """The inner optimizer: AdamW with linear warmup then cosine decay to `min_lr_ratio * lr`.
 
-    The schedule counts the global inner step across rounds; `total_steps` is its horizon (after it the
-    rate stays at the floor). Gradients are clipped to global norm `clip_norm` before AdamW. Weight decay
+    The schedule counts the inner steps across rounds (a node joining a running training starts it at
+    the run's estimated step, see `node.runtime`); `total_steps` is its horizon (after it the rate stays
+    at the floor). Gradients are clipped to global norm `clip_norm` before AdamW. Weight decay
     applies to matrices only (not to norm scales). `init_seed` seeds parameter initialisation.
     """
 

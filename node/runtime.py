@@ -151,11 +151,13 @@ class NodeRuntime:
                     await self._prepare()
                 warm = trio.Event()
                 nursery.start_soon(self._warm_up, warm)  # compiles while the sync waits on the network
+                synced_slot = None
                 if self.settings.peers and not self.stop_requested():
                     with self.stats.timed("sync"):
-                        await self._join()
+                        synced_slot = await self._join()
                 with self.stats.timed("warm_up"):
                     await warm.wait()
+                self._follow_run_schedule(synced_slot)  # after the warm-up: one thread at a time on the loop
                 self._start_training()
                 drained = False
                 while not self.stop_requested() and not self.rounds.last_round:
@@ -230,7 +232,8 @@ class NodeRuntime:
         finally:
             done.set()
 
-    async def _join(self) -> None:
+    async def _join(self) -> int | None:
+        """Sync the peers' state if fresher than ours (`node.join`); returns the slot taken, or None."""
         replica = self.replica
         own_digest, _ = await replica.digests()
         result = None
@@ -240,12 +243,27 @@ class NodeRuntime:
                                       retry_s=self.settings.heartbeat_s)
         self._sync_scope = None
         if result is None:
-            return
+            return None
         await replica.replace(result.ledger, result.snapshot.seen)
         self.feedback.reset()  # the residual belonged to the parameters we had
         m = result.choice.manifest
         self.stats.sync = {"slot": m.slot, "ledger_digest": m.ledger_digest.hex(),
                            "params_digest": m.params_digest.hex(), "confirmed_by": list(result.choice.confirmed_by)}
+        return m.slot
+
+    def _follow_run_schedule(self, synced_slot: int | None) -> None:
+        """A node without a checkpoint of its own that synced a running training's state takes the run's
+        position in the learning-rate schedule instead of warming up from step 0 (its pseudo-gradients
+        would dwarf those of nodes far down the cosine). The run's inner step is estimated as
+        `slot * inner_steps`: a slot closes about once per round of the run. Only moves forward; a node
+        resumed from its own checkpoint keeps the checkpoint's position. Call only between rounds."""
+        if synced_slot is None or self.stats.resumed_round is not None:
+            return
+        run_step = synced_slot * self.settings.inner_steps
+        if run_step > self.loop.schedule_step:
+            self.loop.set_schedule_step(run_step)
+            log.info("joined at slot %d: learning-rate schedule moved to step %d (lr %.3g)", synced_slot, run_step,
+                     self.loop.learning_rate())
 
     def _start_training(self) -> None:
         self.rounds = Rounds(
@@ -280,7 +298,7 @@ class NodeRuntime:
         if self._resync:
             self._resync = False
             log.warning("far behind the peers: syncing their state again")
-            await self._join()
+            self._follow_run_schedule(await self._join())
         if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
             self.feedback.reset()  # the residual belonged to the parameters we had
         for peer in self._returned_peers():

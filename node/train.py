@@ -10,7 +10,10 @@
 `train_step` is pure and jitted once per loop, with parameter and optimizer buffers donated. The batch is
 sharded over a one-axis `jax.sharding.Mesh` ("data") of the island's devices and the parameters and
 optimizer state are replicated, so XLA inserts the gradient all-reduce. The learning-rate schedule is
-driven by the optimizer's own step count, i.e. the global inner step across rounds.
+driven by its own count in the optimizer state (`InnerLoop.schedule_step`), kept across rounds: the steps
+this loop did, unless a node that joined a running training moved it to the run's position
+(`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always counts this loop's
+own steps.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class RoundResult:
     steps: int
     seconds: float
     losses: tuple[float, ...]  # per-step training losses
-    step: int  # global inner step after the round
+    step: int  # inner steps this loop did in all, after the round (`InnerLoop.step`)
 
 
 def lr_schedule(cfg: InnerConfig) -> optax.Schedule:
@@ -78,6 +81,23 @@ def make_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
         optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                      mask=lambda params: {k: v.ndim >= 2 for k, v in params.items()}),
     )
+
+
+def _is_schedule_state(node: Any) -> bool:
+    return isinstance(node, optax.ScaleByScheduleState)
+
+
+def _schedule_count(opt_state: Any) -> jax.Array:
+    """The learning-rate schedule's count in `make_optimizer`'s state (not AdamW's own count)."""
+    found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=_is_schedule_state) if _is_schedule_state(s)]
+    if len(found) != 1:
+        raise TypeError(f"expected one ScaleByScheduleState in the optimizer state, found {len(found)}")
+    return found[0].count
+
+
+def _with_schedule_count(opt_state: Any, count: jax.Array) -> Any:
+    return jax.tree_util.tree_map(lambda s: s._replace(count=count) if _is_schedule_state(s) else s, opt_state,
+                                  is_leaf=_is_schedule_state)
 
 
 def _key_name(entry: Any) -> str:
@@ -126,7 +146,11 @@ def _compiled_steps(model_cfg: ModelConfig, inner_cfg: InnerConfig, mesh: Mesh) 
 
 
 class InnerLoop:
-    """Local training state of one island (params, AdamW state, global step, data position).
+    """Local training state of one island (params, AdamW state, step counts, data position).
+
+    `step` counts the inner steps this loop did (restored from a checkpoint too): what tokens and curves
+    are measured in. `schedule_step` is the learning-rate schedule's position; it equals `step` unless
+    `set_schedule_step` moved it.
 
     Not thread-safe: one thread at a time may call its methods (the node's worker thread). All arrays
     handed in are copied; all arrays handed out are fresh numpy copies.
@@ -238,9 +262,25 @@ class InnerLoop:
             count += batch.shape[0] * (batch.shape[1] - 1)
         return bits_per_byte(total, count)
 
+    @property
+    def schedule_step(self) -> int:
+        """The learning-rate schedule's position: the next step uses `lr_schedule(inner_cfg)(schedule_step)`."""
+        return int(jax.device_get(_schedule_count(self._opt_state)))
+
+    def set_schedule_step(self, step: int) -> None:
+        """Move the learning-rate schedule to `step` (a node joining a running training takes the run's
+        position, not 0); later steps count on from there. Only the schedule's count moves: AdamW's own
+        count, which bias-corrects its moments, still counts this loop's steps (a fresh AdamW state with a
+        large count would take huge first steps), and so does `step`. Kept by `state_dict`."""
+        if not 0 <= step < 2**31:
+            raise LocalProtocolError(f"schedule step must be in [0, 2**31), got {step}")
+        count = _schedule_count(self._opt_state)
+        moved = jax.device_put(np.asarray(step, count.dtype), self._replicated)
+        self._opt_state = _with_schedule_count(self._opt_state, moved)
+
     def learning_rate(self) -> float:
         """The inner learning rate the next step will use."""
-        return float(lr_schedule(self.inner_cfg)(self.step))
+        return float(lr_schedule(self.inner_cfg)(self.schedule_step))
 
     # -- checkpoints -------------------------------------------------------------------------------
 

@@ -91,6 +91,43 @@ def test_state_dict_round_trip_continues_identically(loop, config, dataset):
         other.load_state_dict({**state, "params/norm.scale": np.zeros(5, np.float32)})
 
 
+def adam_count(loop: InnerLoop) -> int:
+    import jax
+    import optax
+
+    is_adam = lambda node: isinstance(node, optax.ScaleByAdamState)  # noqa: E731
+    (adam,) = [s for s in jax.tree_util.tree_leaves(loop._opt_state, is_leaf=is_adam) if is_adam(s)]
+    return int(adam.count)
+
+
+def test_set_schedule_step_moves_the_learning_rate_only(config, dataset):
+    schedule = lr_schedule(config.inner)
+    moved = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    moved.run(2)
+    compiled = moved._train_step._cache_size()
+    reference = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    reference.load_state_dict(moved.state_dict())  # same params, AdamW state and data position
+    moved.set_schedule_step(400)
+    assert (moved.schedule_step, moved.step, adam_count(moved)) == (400, 2, 2)
+    assert moved.learning_rate() == pytest.approx(float(schedule(400)))
+    before = moved.params
+    step_moved, step_reference = moved.run(1).params, reference.run(1).params
+    # Same gradients and AdamW moments (bias-corrected for 3 steps on both): the updates differ only by
+    # the rate, lr(400) against lr(2). AdamW's decoupled decay is scaled by the rate too.
+    ratio = float(schedule(400)) / float(schedule(2))
+    for name in before:
+        np.testing.assert_allclose(step_moved[name] - before[name], ratio * (step_reference[name] - before[name]),
+                                   rtol=1e-3, atol=1e-6, err_msg=name)
+    assert (moved.schedule_step, moved.step, adam_count(moved)) == (401, 3, 3)
+    assert moved.learning_rate() == pytest.approx(float(schedule(401)))
+    assert moved._train_step._cache_size() == compiled  # the moved count is an input like any other
+    restored = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    restored.load_state_dict(moved.state_dict())
+    assert (restored.schedule_step, restored.step) == (401, 3)
+    with pytest.raises(LocalProtocolError, match="schedule step"):
+        moved.set_schedule_step(-1)
+
+
 def test_evaluate_given_params_leaves_the_loop_alone(loop, dataset, config):
     heldout = dataset.heldout_batches(2)
     own = loop.evaluate(heldout)

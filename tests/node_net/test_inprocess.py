@@ -2,7 +2,8 @@
 p2p host. Two honest nodes, one that also publishes invalid updates (`--misbehave bad-updates`) and one
 that also sends malformed frames (`--misbehave garbage`): the bad traffic is refused and counted under
 named reasons, nobody crashes, and all four stop with equal digests. `/status` and `/metrics` are read
-over HTTP while they train."""
+over HTTP while they train. A fifth node joins mid-run and takes the run's place in the learning-rate
+schedule (not step 0), then stops on request."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import trio
 from node.data import Dataset
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
-from node.train import InnerLoop
+from node.train import InnerLoop, lr_schedule
 from protocol.ledger import Ledger, LedgerSnapshot
 from waiting import wait_for
 
@@ -64,6 +65,18 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
             assert status["inner_steps"] >= 10 and status["tokens"] == status["inner_steps"] * 8 * 32
             assert "diloco_node_slot " in metrics and "diloco_node_inner_steps_total " in metrics
             assert 'diloco_node_info{peer_id="' + a.peer_id + '",state="training"} 1.0' in metrics
+            # Every state a joiner may take is then past slot 0 (slots only move forward); once connected,
+            # the joiner is waited for by the founders' drain until its goodbye.
+            await wait_for(lambda: all(n.replica.slot >= 1 for n in (a, *others)), 60, "slot 1 everywhere")
+            joiner = NodeRuntime(settings(tmp_path, "e", peers))
+            await nursery.start(joiner.run)
+            await wait_for(lambda: joiner.stats.state == "training", 60, "the joiner training")
+            joiner.request_stop("joiner checked")
+            await wait_for(lambda: joiner.result is not None, 30, "the joiner stopped")
+    assert joiner.stats.sync is not None and joiner.stats.sync["slot"] >= 1, "the joiner synced a mid-run state"
+    run_step, loop = joiner.stats.sync["slot"] * joiner.settings.inner_steps, joiner.loop
+    assert loop.schedule_step == run_step + loop.step, "the schedule went on from slot x H, not from 0"
+    assert loop.learning_rate() == float(lr_schedule(joiner.cfg.inner)(loop.schedule_step))
     results = {node.peer_id: node.result for node in [a, *others]}
     assert all(r is not None and r.reason == "max-rounds reached" for r in results.values())
     # The bad-updates node is graylisted by the honest ones (no gossip to it, not waited for at the end);
