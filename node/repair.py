@@ -12,10 +12,13 @@ update of the peer's window with its deltas, its seen ids and the totals of its 
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`).
 
+After a fork in which ours is heavier, the peer is sent a fork hint (`node.forkhint`), so that it compares
+with us too and gives way; otherwise only the side that noticed the fork would know of it.
+
 When it runs (`node.runtime`, one comparison per peer at a time): at the end of a run, when a draining
 peer keeps announcing another agreement hash for a few heartbeats; between rounds, after a peer that had
-been disconnected comes back (a healed partition, a restart), and with a peer whose state forked from
-ours at the last comparison; and at once with the origin of a gossip update that arrived after its slot
+been disconnected comes back (a healed partition, a restart), with a peer whose state forked from ours
+at the last comparison, and with a peer that sent a fork hint; and at once with the origin of a gossip update that arrived after its slot
 left our window (applied stale or dropped: our history now differs from the origin's).
 
 The snapshot blob is fetched for this one use and removed again, unless this node held it already
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import httpx
 import trio
 
+from node.forkhint import send_fork_hint
 from node.join import LEDGER_BLOB, PeerSyncing, fetch_manifest, read_peer_blob
 from node.replica import Proposal, Replica
 from p2p import Host, TransportError
@@ -147,6 +151,7 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
         return RepairResult(added, 0, ignored, "none")
     ours_key, theirs_key = verdict.keys
     log.warning("repair from %s (its slot %d): histories forked and ours is heavier (%s vs %s): keeping ours; "
-                "%d of its updates added, %d of its ids orphaned", peer, manifest.slot, _key(ours_key),
-                _key(theirs_key), added, ignored)
+                "%d of its updates added, %d of its ids orphaned; asking it to compare with us", peer,
+                manifest.slot, _key(ours_key), _key(theirs_key), added, ignored)
+    await send_fork_hint(http_addr, host.peer_id)  # the lighter side must adopt ours (node.forkhint)
     return RepairResult(added, unplaced, ignored, "kept")

@@ -30,6 +30,7 @@ from node.checkpoint import Checkpoint, CheckpointDir
 from node.chaos import ChaosRoute
 from node.data import Dataset
 from node.drain import DrainTracker, PeerView, drain_state
+from node.forkhint import ForkHintRoute
 from node.join import StateServer, sync_state
 from node.logs import PEER
 from node.model import embedding_names, param_shapes
@@ -143,6 +144,7 @@ class NodeRuntime:
                 self.status.mount()
                 self.state_server = StateServer(self.host)
                 self.state_server.mount()
+                ForkHintRoute(self.host, self._peers_to_compare).mount()
                 if self.settings.allow_chaos:
                     ChaosRoute(self.host).mount()
                 self._progress("syncing")
@@ -285,6 +287,10 @@ class NodeRuntime:
                 await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
             finally:
                 self._repairing.discard(peer)
+
+    def _peers_to_compare(self) -> set[str] | None:
+        """The replica's set of peers to compare with before the next round (None before it exists)."""
+        return None if self.replica is None else self.replica.forked_with
 
     def _returned_peers(self) -> list[str]:
         """Peers that were connected before in this process, then gone, and are back since the last call."""

@@ -1,0 +1,51 @@
+"""Tier (b): the fork hint (`POST /compare`) on real loopback hosts: a connected peer is queued for a
+comparison, anything else is refused with a reason, and sending never raises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+
+import p2p
+from node.forkhint import COMPARE_PATH, ForkHintRoute, send_fork_hint
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+from waiting import wait_for
+
+RUN = "forkhint-test"
+
+
+def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
+    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
+                          dial_backoff_max_s=0.2)
+    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
+                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+
+
+async def test_a_hint_queues_a_connected_peer_and_refuses_anything_else(tmp_path: Path) -> None:
+    to_compare: set[str] = set()
+    replica_ready = False
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await nursery.start(p2p.run, host_config(tmp_path, "a"))
+            b = await nursery.start(p2p.run, host_config(tmp_path, "b", (a.gossip_addr,)))
+            ForkHintRoute(a, lambda: to_compare if replica_ready else None).mount()
+            await wait_for(lambda: b.peer_id in a.connected_peers(), 10, "the connection")
+            a_http = a.http_url.removeprefix("http://")
+            assert not await send_fork_hint(a_http, b.peer_id), "no replica yet: 503"
+            assert to_compare == set()
+            replica_ready = True
+            assert await send_fork_hint(a_http, b.peer_id)
+            assert to_compare == {b.peer_id}
+            assert not await send_fork_hint(a_http, "12D3KooWnotconnected"), "only connected peers"
+            assert to_compare == {b.peer_id}
+            async with httpx.AsyncClient() as client:
+                bad = await client.post(f"{a.http_url}{COMPARE_PATH}", content=b"not json")
+                assert bad.status_code == 400 and "bad compare request" in bad.text
+                wrong = await client.post(f"{a.http_url}{COMPARE_PATH}", json={"peer": 7})
+                assert wrong.status_code == 400
+            await b.close()
+            await a.close()
+    assert not await send_fork_hint("127.0.0.1:9", "x"), "nobody listening: False, no exception"
