@@ -18,8 +18,9 @@ with us too and gives way; otherwise only the side that noticed the fork would k
 When it runs (`node.runtime`, one comparison per peer at a time): at the end of a run, when a draining
 peer keeps announcing another agreement hash for a few heartbeats; between rounds, after a peer that had
 been disconnected comes back (a healed partition, a restart), with a peer whose state forked from ours
-at the last comparison, and with a peer that sent a fork hint; and at once with the origin of a gossip update that arrived after its slot
-left our window (applied stale or dropped: our history now differs from the origin's).
+at the last comparison, and with a peer that sent a fork hint; and at once with the origin of a gossip
+update that arrived after its slot left our window (applied stale or dropped: our history now differs
+from the origin's).
 
 The snapshot blob is fetched for this one use and removed again, unless this node held it already
 (`node.join.read_peer_blob`: equal states can have equal snapshot bytes, and that blob is then our own

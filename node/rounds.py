@@ -11,8 +11,8 @@ A round, in order (`Rounds.run_round`):
    update is due are waited for, `PeerRoundClock.due`), or by catch-up; whenever θ moves (a close, a
    late update folded in) the round follows it (`node.rebase`: train through the slot close, so no node
    idles while a slot fills). If that slot is still open when the round ends, it is closed then. With
-   `--adaptive-steps` (the default) the round ends when the peers' measured round time is used up (at least one
-   step), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
+   `--adaptive-steps` (the default) the round ends when the peers' measured round time is used up (at
+   least one step), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
    current step; an interrupted round publishes nothing.
 3. Δ = θ_base (moved) − θ_local, compressed with error feedback; signed header with base_slot = the slot
    the round last followed and publish_slot = the replica's slot *now*; published; the dequantized Δ

@@ -21,6 +21,10 @@ from typing import Any
 
 import httpx
 
+import p2p
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "node-net-test"
 POLL_S = 0.1
@@ -28,6 +32,14 @@ POLL_S = 0.1
 # The tiny preset shrunk further so an inner step takes milliseconds on a busy CPU.
 SMALL_MODEL = ["--set", "seq_len=32", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
                "--set", "batch_size=8", "--set", "lr=1e-2", "--set", "warmup_steps=5"]
+
+
+def fast_host_config(tmp: Path, name: str, run_id: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
+    """A loopback host (no training) with fast heartbeats and dial backoff, its data under `tmp/name`."""
+    gossip = GossipConfig(run_id=run_id, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
+                          dial_backoff_max_s=0.2)
+    return p2p.HostConfig(identity=Identity.generate(), run_id=run_id, data_dir=tmp / name, gossip=gossip,
+                          bootstrap=bootstrap, goodbye_flush_s=0.2)
 
 
 def node_env(cache_dir: Path) -> dict[str, str]:

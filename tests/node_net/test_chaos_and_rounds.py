@@ -12,18 +12,14 @@ import trio
 import p2p
 from node.chaos import ChaosRoute, Slowdown
 from node.rounds import PeerRoundClock, ShouldStop
-from protocol.gossip import GossipConfig
-from protocol.identity import Identity
+from node_net_helpers import fast_host_config
 from waiting import wait_for
 
 RUN = "chaos-test"
 
 
 def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
-    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
-                          dial_backoff_max_s=0.2)
-    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
-                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+    return fast_host_config(tmp, name, RUN, bootstrap)
 
 
 

@@ -10,18 +10,14 @@ import trio
 
 import p2p
 from node.forkhint import COMPARE_PATH, ForkHintRoute, send_fork_hint
-from protocol.gossip import GossipConfig
-from protocol.identity import Identity
+from node_net_helpers import fast_host_config
 from waiting import wait_for
 
 RUN = "forkhint-test"
 
 
 def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
-    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
-                          dial_backoff_max_s=0.2)
-    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
-                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+    return fast_host_config(tmp, name, RUN, bootstrap)
 
 
 async def test_a_hint_queues_a_connected_peer_and_refuses_anything_else(tmp_path: Path) -> None:

@@ -15,11 +15,10 @@ from node.join import StateServer, sync_state
 from node.repair import pull_missing
 from node.replica import Replica
 from protocol.compression import Codec, decode_tensors, encode_tensors
-from protocol.gossip import GossipConfig
-from protocol.identity import Identity
 from protocol.ledger import Ledger, LedgerConfig, Payload, UpdateMeta
 from protocol.messages import StateManifest
 from protocol.validation import Validator
+from node_net_helpers import fast_host_config
 from waiting import wait_for
 
 RUN = "state-test"
@@ -28,10 +27,7 @@ SHAPES = {"b": (3,), "w": (4, 4)}
 
 
 def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.HostConfig:
-    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=1.0, dial_backoff_s=0.05,
-                          dial_backoff_max_s=0.2)
-    return p2p.HostConfig(identity=Identity.generate(), run_id=RUN, data_dir=tmp / name, gossip=gossip,
-                          bootstrap=bootstrap, goodbye_flush_s=0.2)
+    return fast_host_config(tmp, name, RUN, bootstrap)
 
 
 def fresh_ledger() -> Ledger:
