@@ -2,9 +2,12 @@
 
 stdout carries exactly two kinds of lines, flushed: `LISTENING <peer_id> <gossip host:port> <http host:port>`
 once both listeners are up, and `STOPPED <slot> <ledger digest hex> <params digest hex>` at the end.
-Logs (one line per event, with the peer id) go to stderr. Exit status: 0 after `--max-rounds` or a
-SIGTERM/SIGINT (goodbye and checkpoint first), 2 for bad arguments, configuration, key or data,
-1 for anything else. A second SIGTERM/SIGINT stops at once (exit 1).
+Logs (one line per event, with the peer id) go to stderr; a user error is one line
+`diloco-node: error: <flag>: <what is wrong>` on stderr, before `LISTENING` where it can be known then.
+Exit status: 0 after `--max-rounds` or a SIGTERM/SIGINT (goodbye and checkpoint first), 2 for bad
+arguments, addresses, configuration, key or data, 1 for anything else (including `--sync-timeout`
+passing). Stopping is bounded: the drain after `--max-rounds` waits at most 4 × `--drain-timeout`, and
+a SIGTERM/SIGINT stops within `--stop-timeout`; a second SIGTERM/SIGINT stops at once (exit 1).
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ __all__ = ["build_parser", "main", "settings_from_args"]
 EPILOG = """\
 stdout: "LISTENING <peer_id> <gossip host:port> <http host:port>" once listening, and at the end
 "STOPPED <slot> <ledger digest> <params digest>". Logs go to stderr. Exit 0 after --max-rounds or
-SIGTERM/SIGINT (goodbye and checkpoint first), 2 for bad arguments, key, config or data.
+SIGTERM/SIGINT (goodbye and checkpoint first; at most --stop-timeout), 2 for bad arguments, addresses,
+key, config or data (one line, "diloco-node: error: ..."), 1 otherwise.
+
+On several hosts: listen on every interface and say how peers reach this node when it cannot tell:
+  diloco-node --run-id R --key node.key --listen 0.0.0.0:7000 --http 0.0.0.0:8000 --advertise 203.0.113.7
+A node with --peers never starts a run of its own: until a peer answers it waits, logging each failed
+dial; GET /status shows "waiting_for" and "dial_failures".
 
 Run-wide flags (every node of a run must agree): --run-id, --model, --set, --seed, --window, --outer-lr,
 --outer-momentum, --heartbeat.
@@ -54,8 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HTTP address for /status, /metrics, /state, /blobs/<sha256>; port 0 picks one; "
                           "served on the --listen host (default %(default)s)")
     net.add_argument("--peers", type=_csv, default=(), metavar="ADDR[,ADDR...]",
-                     help="bootstrap gossip addresses; with peers the node first syncs the freshest state "
-                          "(default: none, start a new run)")
+                     help="bootstrap gossip addresses; with peers the node first syncs the run's freshest state "
+                          "and never starts a run of its own: it keeps dialling (each failure logged, and shown "
+                          "in /status) until a peer answers (default: none, start a new run)")
+    net.add_argument("--advertise", default="", metavar="HOST[:PORT]",
+                     help="the address peers reach this node at, for gossip (PORT, default the bound one) and "
+                          "HTTP (the --http port); needed behind NAT or a load balancer (default: the --listen "
+                          "host; for a wildcard --listen such as 0.0.0.0, the address of the interface that "
+                          "reaches the first --peers address, else this host's only non-loopback address)")
+    net.add_argument("--advertise-http", default="", metavar="HOST:PORT",
+                     help="the address peers fetch blobs and state from, when it differs from the --advertise "
+                          "host with the --http port (default: that)")
     net.add_argument("--run-id", required=True, metavar="ID", help="the run; peers of other runs are refused")
     net.add_argument("--key", required=True, type=Path, metavar="FILE",
                      help="Ed25519 key file (libp2p format, mode 0600), created if missing; its peer id names "
@@ -112,12 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "in the background while the next round trains (default %(default)s)")
     ev.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
                     help="checkpoints kept (default %(default)s)")
-    ev.add_argument("--sync-timeout", type=float, default=60.0, metavar="SECONDS",
-                    help="how long a joiner looks for a peer state before starting from its own "
-                         "(default %(default)s)")
+    ev.add_argument("--sync-timeout", type=float, default=None, metavar="SECONDS",
+                    help="with --peers: give up (exit 1) when no peer state could be had within SECONDS "
+                         "(default: keep trying until stopped)")
     ev.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
-                    help="at the end, stop waiting for the peers after this long without progress "
-                         "(default: 6 heartbeat timeouts or 3 rounds, whichever is longer)")
+                    help="at the end (--max-rounds), stop waiting for the peers after this long without "
+                         "progress, and after 4 times this long in all, whatever the peers do (default: 6 "
+                         "heartbeat timeouts or 3 rounds, whichever is longer)")
+    ev.add_argument("--stop-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="after SIGTERM/SIGINT the node finishes its inner step, says goodbye (at most 1 s) and "
+                         "writes a final checkpoint; past SECONDS it stops at once, without them (exit 1) "
+                         "(default %(default)s)")
     ev.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                     help="stderr log level (default %(default)s)")
     chaos = p.add_argument_group("chaos (testing)")
@@ -134,7 +157,8 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
     from node.settings import NodeSettings
 
     return NodeSettings(
-        run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers, data=args.data,
+        run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers,
+        advertise=args.advertise, advertise_http=args.advertise_http, data=args.data,
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
@@ -146,7 +170,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         allow_chaos=args.allow_chaos)
 
 
-async def _serve(runtime) -> int:
+async def _serve(runtime, stop_timeout_s: float) -> int:
     async def signals(cancel: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
             async for signum in received:
@@ -155,6 +179,7 @@ async def _serve(runtime) -> int:
                     cancel.cancel()
                     return
                 runtime.request_stop(signal.Signals(signum).name)
+                cancel.deadline = min(cancel.deadline, trio.current_time() + stop_timeout_s)
 
     async def node(cancel: trio.CancelScope, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await runtime.run(task_status=task_status)
@@ -170,37 +195,58 @@ async def _serve(runtime) -> int:
     return 0
 
 
+ADDRESS_FLAGS = {"gossip": "--listen", "http": "--http", "advertise": "--advertise"}
+
+
+def _user_error(exc: BaseException) -> tuple[int, str] | None:
+    """(exit status, one-line message) for an error the user can fix; None for a bug."""
+    from node.config import ConfigError
+    from node.data import DataError
+    from node.join import NoPeerState
+    from p2p.errors import AddressError
+    from protocol.identity import KeyFileError
+
+    if isinstance(exc, AddressError):
+        return 2, f"{ADDRESS_FLAGS[exc.what]}: {exc}"
+    if isinstance(exc, DataError):
+        return 2, f"--data: {exc}"
+    if isinstance(exc, (ConfigError, KeyFileError)):
+        return 2, str(exc)
+    if isinstance(exc, NoPeerState):
+        return 1, f"--peers: {exc}"
+    return None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _report(exc: BaseException) -> int:
+    """Print each user error inside `exc` once, on one line; re-raise if any part of it is a bug."""
+    errors = [_user_error(leaf) for leaf in _leaves(exc)]
+    if any(e is None for e in errors):
+        raise exc
+    for _, message in dict.fromkeys(errors):  # an error reported by two tasks is printed once
+        print(f"diloco-node: error: {message}", file=sys.stderr, flush=True)
+    return max(status for status, _ in errors)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, run the node, return the exit status."""
+    """Parse the command line, run the node, return the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     from node.logs import setup_logging
 
     setup_logging(args.log_level)
-    log = logging.getLogger("node.cli")
-    from node.config import ConfigError
-    from node.data import DataError
-    from protocol.identity import KeyFileError
-
     try:
         from node.runtime import NodeRuntime
 
         runtime = NodeRuntime(settings_from_args(args))
-    except (ConfigError, KeyFileError) as exc:
-        log.error("%s", exc)
-        print(f"diloco-node: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        return trio.run(_serve, runtime)
-    except (ConfigError, DataError) as exc:
-        log.error("%s", exc)
-        return 2
-    except BaseExceptionGroup as group:  # raised inside the node's nursery
-        bad, other = group.split((ConfigError, DataError))
-        if other is not None:
-            raise
-        for exc in bad.exceptions:
-            log.error("%s", exc)
-        return 2
+        return trio.run(_serve, runtime, args.stop_timeout)
+    except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - user errors reported, bugs re-raised
+        return _report(exc)
 
 
 if __name__ == "__main__":

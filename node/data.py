@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import sysconfig
 from collections.abc import Sequence
@@ -36,10 +37,13 @@ import numpy as np
 from node.config import DataConfig
 
 __all__ = ["Batcher", "DataError", "Dataset", "Document", "MultiBatcher", "TokenStream", "Unit",
-           "embedded_documents", "load_corpus", "units_of"]
+           "check_sources", "embedded_documents", "load_corpus", "units_of"]
 
 _SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 _TOKEN_SUFFIXES = (".npy", ".bin")
+_SNIFF_BYTES = 8192
+
+log = logging.getLogger("node.data")
 
 
 class DataError(Exception):
@@ -122,6 +126,31 @@ def _expand(source: str) -> list[tuple[str, str]]:
     raise DataError(f"data source {source!r} does not exist")
 
 
+def _looks_binary(path: str) -> bool:
+    """A NUL byte in the first `_SNIFF_BYTES` (the rule git and grep use): not text."""
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(_SNIFF_BYTES)
+    except OSError as e:
+        raise DataError(f"cannot read {path!r}: {e.strerror or e}") from e
+
+
+def _text_only(source: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`pairs` of one source without binary files passed as text: a source of binary files only is a
+    `DataError`; binary files beside text ones (a folder, a glob) are skipped with a warning."""
+    binary = [path for path, _ in pairs if not path.endswith(_TOKEN_SUFFIXES) and _looks_binary(path)]
+    if not binary:
+        return pairs
+    if len(binary) == len(pairs):
+        what = "is not text" if len(pairs) == 1 else f"holds no text ({len(pairs)} binary files)"
+        raise DataError(f"data source {source!r} {what}: NUL bytes in the first {_SNIFF_BYTES} bytes; "
+                        "pass text files, or pre-tokenized .npy/.bin token files")
+    log.warning("data source %r: skipping %d binary file(s) (not text): %s%s", source, len(binary),
+                ", ".join(binary[:5]), " ..." if len(binary) > 5 else "")
+    skip = set(binary)
+    return [pair for pair in pairs if pair[0] not in skip]
+
+
 def embedded_documents() -> list[Document]:
     """The standard library's sources and the bundled pydoc topics, as byte documents sorted by name."""
     root = sysconfig.get_paths()["stdlib"]
@@ -142,17 +171,38 @@ def embedded_documents() -> list[Document]:
     return docs
 
 
+def _listed(sources: Sequence[str]) -> list[tuple[str, str]]:
+    """(path, name) of every file the sources name, binary files passed as text left out (`_text_only`).
+    Raises `DataError` for a missing or empty source, a binary-only one, or text mixed with token files."""
+    pairs = [pair for source in sources for pair in _text_only(source, _expand(source))]
+    if len({path.endswith(_TOKEN_SUFFIXES) for path, _ in pairs}) > 1:
+        raise DataError("cannot mix text files with pre-tokenized .npy/.bin files in one corpus")
+    return pairs
+
+
+def check_sources(sources: Sequence[str]) -> None:
+    """Raise `DataError` for what `load_corpus(sources)` would refuse before it reads a whole file: a
+    source that does not exist, a folder holding no files, a glob matching nothing, a binary file passed
+    as text, text mixed with token files, or only empty files. Cheap: lists files, sniffs their starts."""
+    if not sources:
+        return
+    pairs = _listed(sources)
+    try:
+        empty = not any(os.path.getsize(path) for path, _ in pairs)
+    except OSError as e:
+        raise DataError(f"cannot read {e.filename!r}: {e.strerror or e}") from None
+    if empty:
+        raise DataError(f"every file is empty (sources: {', '.join(sources)})")
+
+
 def load_corpus(sources: Sequence[str]) -> list[Document]:
     """Documents from `sources` (the embedded corpus when empty). Raises `DataError` for a missing,
     unreadable or empty source, for mixing text with pre-tokenized files, or for an empty corpus."""
     if not sources:
         docs = embedded_documents()
     else:
-        pairs = [pair for source in sources for pair in _expand(source)]
-        kinds = {path.endswith(_TOKEN_SUFFIXES) for path, _ in pairs}
-        if len(kinds) > 1:
-            raise DataError("cannot mix text files with pre-tokenized .npy/.bin files in one corpus")
-        read = _read_tokens if kinds == {True} else _read_bytes
+        pairs = _listed(sources)
+        read = _read_tokens if pairs and pairs[0][0].endswith(_TOKEN_SUFFIXES) else _read_bytes
         docs = [Document(name.replace(os.sep, "/"), read(path)) for path, name in pairs]
     docs = [d for d in docs if len(d.tokens)]
     if not docs:

@@ -23,8 +23,9 @@ longer gossips with it, so their sets would never meet). Nobody waits for a good
 A peer whose set differs (an update still in flight) is waited for until gossip delivers it; if its set
 stays different for a few heartbeats with neither side changing, the node pulls the updates it lacks
 from that peer's state snapshot (`node.repair`), and the peer does the same with ours. The wait is
-bounded: `quiet_s` without any progress (no new update, no change in any peer's heartbeat) ends it
-with a warning.
+bounded twice, whatever the peers do: `quiet_s` without any progress (no new update, no change in any
+peer's heartbeat) ends it with a warning, and so does `limit_s` (default `LIMIT_FACTOR × quiet_s`) from
+its start, progress or not (a peer that trains on without `--max-rounds` keeps making progress).
 
 `DrainTracker` is pure (time is an argument); the runtime feeds it `host.peers()` and its own state.
 """
@@ -34,10 +35,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DRAIN_PREFIX", "DrainDecision", "DrainTracker", "PeerView", "drain_state"]
+__all__ = ["DRAIN_PREFIX", "LIMIT_FACTOR", "DrainDecision", "DrainTracker", "PeerView", "drain_state"]
 
 DRAIN_PREFIX = "drain:"
 HASH_CHARS = 26  # heartbeat state is at most 32 characters
+LIMIT_FACTOR = 4.0  # the whole drain waits at most this many quiet bounds
 
 
 def drain_state(set_hash_hex: str) -> str:
@@ -58,17 +60,20 @@ class PeerView:
 @dataclass(frozen=True)
 class DrainDecision:
     done: bool
-    why: str  # "agreed", "alone", "quiet-timeout" or "waiting"
+    why: str  # "agreed", "alone", "quiet-timeout", "time-limit" or "waiting"
     waiting_for: tuple[str, ...]  # peers not (yet) draining with our hash
 
 
 class DrainTracker:
     """Decides when a draining node stops waiting (see the module docstring)."""
 
-    def __init__(self, started_at: float, quiet_s: float) -> None:
-        if quiet_s <= 0:
-            raise ValueError("quiet_s must be > 0")
+    def __init__(self, started_at: float, quiet_s: float, limit_s: float | None = None) -> None:
+        limit_s = LIMIT_FACTOR * quiet_s if limit_s is None else limit_s
+        if quiet_s <= 0 or limit_s <= 0:
+            raise ValueError("quiet_s and limit_s must be > 0")
         self.quiet_s = quiet_s
+        self.limit_s = limit_s
+        self.started_at = started_at
         self.last_progress = started_at
         self._signature: object = None
         self._since: dict[str, tuple[str | None, float]] = {}  # peer -> (state, when it took that state)
@@ -88,6 +93,8 @@ class DrainTracker:
             return DrainDecision(True, "agreed" if peers else "alone", ())
         if now - self.last_progress >= self.quiet_s:
             return DrainDecision(True, "quiet-timeout", waiting)
+        if now - self.started_at >= self.limit_s:
+            return DrainDecision(True, "time-limit", waiting)
         return DrainDecision(False, "waiting", waiting)
 
     def diverged(self, now: float, min_s: float) -> list[tuple[str, str]]:

@@ -13,13 +13,19 @@ state confirmed by two peers (same slot, same ledger and params digests); else t
 logged warning. Download its `ledger` blob from the peers that vouched for it (hash checked by the blob
 client), load it, and check that the loaded ledger's digests equal the manifest's (`bad_state` if not,
 and the next candidate is tried). A node whose own state is as fresh keeps it.
+
+A node given bootstrap peers never starts a run of its own: while no peer is connected (a wrong or not
+yet started `--peers` address) it keeps waiting, its dials retried with backoff and each failure logged
+(`p2p.Host.dial_failures`); what it waits for is in `/status` (`waiting_for`). Only when every connected
+peer is waiting too (a run whose nodes all start or restart at once) do they start from their own states.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -33,7 +39,7 @@ from protocol.validation import Validator
 from protocol.wire import encode
 from node.replica import Replica
 
-__all__ = ["Choice", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest", "fetch_manifests",
+__all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest", "fetch_manifests",
            "read_peer_blob", "sync_state"]
 
 log = logging.getLogger("node.join")
@@ -114,6 +120,10 @@ def choose(manifests: Sequence[StateManifest]) -> list[Choice]:
     choices = [Choice(tuple(ms[o] for o in sorted(ms))) for ms in groups.values()]
     return sorted(choices, key=lambda c: (not c.confirmed, -c.manifest.slot, -len(c.confirmed_by),
                                           c.manifest.ledger_digest))
+
+
+class NoPeerState(Exception):
+    """No usable peer state within the sync timeout."""
 
 
 class PeerSyncing(Exception):
@@ -225,44 +235,67 @@ async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mappin
 
 
 async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
-                     own: tuple[int, bytes] | None, timeout_s: float, retry_s: float) -> SyncResult | None:
-    """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest)
-    (no peer answered within `timeout_s`, or none is fresher than ours). Waits `retry_s` between asks;
-    asks up to three times for a confirmed state before settling for an unconfirmed one. When every
-    peer asked three times in a row had no state either (all syncing, e.g. a whole run restarting at
-    once), keeps its own."""
-    deadline = trio.current_time() + timeout_s
+                     own: tuple[int, bytes] | None, timeout_s: float | None, retry_s: float,
+                     waiting: Callable[[str | None], None] = lambda what: None) -> SyncResult | None:
+    """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest):
+    no peer is fresher than ours, every connected peer asked three times in a row had no state either
+    (all syncing, e.g. a whole run starting or restarting at once: they start together).
+    Raises `NoPeerState` when `timeout_s` passes (None: never; a node with bootstrap peers waits until
+    it is stopped rather than train alone).
+    Waits `retry_s` between asks; asks up to three times for a confirmed state before settling for an
+    unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting)."""
+    deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
     unconfirmed_tries = empty_asks = 0
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
-        while trio.current_time() < deadline:
-            manifests, all_syncing = await fetch_manifests(client, host, run_id)
-            empty_asks = empty_asks + 1 if all_syncing else 0
-            if empty_asks >= 3 and own is not None:
-                log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
-                return None
-            choices = choose(manifests)
-            if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
-                best = choices[0]
-                if own is not None and (best.manifest.slot < own[0] or
-                                        (best.manifest.slot == own[0] and best.manifest.ledger_digest == own[1])):
-                    log.info("own state (slot %d) is as fresh as the peers' (slot %d): keeping it", own[0],
-                             best.manifest.slot)
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+            while trio.current_time() < deadline:
+                if not host.connected_peers():
+                    waiting(_no_peer(host))
+                    await trio.sleep(retry_s)
+                    continue
+                manifests, all_syncing = await fetch_manifests(client, host, run_id)
+                empty_asks = empty_asks + 1 if all_syncing else 0
+                if empty_asks >= 3 and own is not None:
+                    log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
                     return None
-                if not best.confirmed:
-                    log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
-                                best.manifest.slot, best.confirmed_by[0])
-                for choice in choices:
-                    try:
-                        result = await _load(host, choice, config, shapes)
-                    except (RemoteProtocolError, TransportError, OSError) as exc:
-                        log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
-                                    choice.confirmed_by, exc)
-                        continue
-                    log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
-                             choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
-                    return result
-            if choices:
-                unconfirmed_tries += 1
-            await trio.sleep(retry_s)
-    log.warning("no usable peer state within %.0f s", timeout_s)
-    return None
+                choices = choose(manifests)
+                if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
+                    best = choices[0]
+                    if own is not None and (best.manifest.slot < own[0] or
+                                            (best.manifest.slot == own[0] and best.manifest.ledger_digest == own[1])):
+                        log.info("own state (slot %d) is as fresh as the peers' (slot %d): keeping it", own[0],
+                                 best.manifest.slot)
+                        return None
+                    if not best.confirmed:
+                        log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
+                                    best.manifest.slot, best.confirmed_by[0])
+                    for choice in choices:
+                        waiting(f"the download of the state of slot {choice.manifest.slot}")
+                        try:
+                            result = await _load(host, choice, config, shapes)
+                        except (RemoteProtocolError, TransportError, OSError) as exc:
+                            log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
+                                        choice.confirmed_by, exc)
+                            continue
+                        log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
+                                 choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
+                        return result
+                if choices:
+                    unconfirmed_tries += 1
+                    waiting("a second peer to confirm the state of slot "
+                            f"{choices[0].manifest.slot} (try {unconfirmed_tries} of 3)")
+                else:
+                    waiting(f"a usable state from {len(host.connected_peers())} connected peer(s) "
+                            f"({'all syncing too' if all_syncing else 'none served one yet'})")
+                await trio.sleep(retry_s)
+    finally:
+        waiting(None)
+    raise NoPeerState(f"no usable peer state within {timeout_s:g} s; "
+                      + (_no_peer(host) if not host.connected_peers() else
+                         f"{len(host.connected_peers())} peer(s) connected but none served a usable state"))
+
+
+def _no_peer(host: Host) -> str:
+    """What a node with no connected peer is waiting for, and why its dials failed."""
+    failures = [f"{addr}: {f.why} ({f.tries} tries)" for addr, f in host.dial_failures.items()]
+    return "a connection to a peer" + (f"; failed dials: {'; '.join(failures)}" if failures else "")

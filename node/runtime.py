@@ -2,9 +2,10 @@
 
 Lifecycle (`NodeRuntime.run`), one owner per step:
 
+    data        the corpus is read and split (`node.data`): a bad `--data` fails here, before listening
     listening   the p2p host is up (gossip + HTTP: /status, /metrics, /state, /blobs, /chaos);
                 `task_status.started(runtime)` — the CLI prints LISTENING here
-    prepare     data, inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
+    prepare     inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
                 from the seed's initial parameters (a worker thread)
     syncing     with bootstrap peers: the best peer state if fresher than ours (`node.join`)
     training    rounds (`node.rounds`), while the intake task adds peers' updates as they arrive
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +30,11 @@ import trio
 import p2p
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.chaos import ChaosRoute
+from node.config import ConfigError
 from node.data import Dataset
 from node.drain import DrainTracker, PeerView, drain_state
 from node.forkhint import ForkHintRoute
-from node.join import StateServer, sync_state
+from node.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
 from node.model import embedding_names, param_shapes
 from node.repair import pull_missing
@@ -51,6 +54,8 @@ from protocol.messages import Goodbye, UpdateHeader, split_addr
 __all__ = ["NodeRuntime", "Stopped"]
 
 log = logging.getLogger("node.runtime")
+
+RESYNC_TIMEOUT_HEARTBEATS = 30  # a running node that fell behind looks this long for a state, then trains on
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,11 @@ class NodeRuntime:
     def __init__(self, settings: NodeSettings, identity: Identity | None = None) -> None:
         self.settings = settings
         if identity is None:
-            settings.key_path.parent.mkdir(parents=True, exist_ok=True)
-            identity = Identity.load_or_create(settings.key_path)  # a new key file is created mode 0600
+            try:
+                settings.key_path.parent.mkdir(parents=True, exist_ok=True)
+                identity = Identity.load_or_create(settings.key_path)  # a new key file is created mode 0600
+            except OSError as exc:
+                raise ConfigError(f"--key {settings.key_path}: {exc.strerror or exc}") from None
         self.identity = identity
         self.peer_id = self.identity.peer_id
         self.cfg = settings.ml_config(self.peer_id)
@@ -86,9 +94,7 @@ class NodeRuntime:
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,
                                                         max_hold_steps=max(1.0, 0.5 * settings.inner_steps)))
         self.feedback = ErrorFeedback(settings.compression)
-        self.checkpoints = (CheckpointDir(settings.checkpoint_dir, keep=settings.keep_checkpoints,
-                                          expect={"run_id": settings.run_id, "peer_id": self.peer_id})
-                            if settings.checkpoint_dir is not None else None)
+        self.checkpoints = self._checkpoint_dir()
         self.host: p2p.Host
         self.replica: Replica | None = None
         self.rounds: Rounds | None = None
@@ -101,6 +107,20 @@ class NodeRuntime:
         self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
         self._connected: set[str] = set()  # peers connected at the last check between rounds
+
+    def _checkpoint_dir(self) -> CheckpointDir | None:
+        """The checkpoint directory, created and checked writable now (a one-line error, not a crash later)."""
+        s = self.settings
+        if s.checkpoint_dir is None:
+            return None
+        try:
+            checkpoints = CheckpointDir(s.checkpoint_dir, keep=s.keep_checkpoints,
+                                        expect={"run_id": s.run_id, "peer_id": self.peer_id})
+        except OSError as exc:
+            raise ConfigError(f"--checkpoint-dir {s.checkpoint_dir}: {exc.strerror or exc}") from None
+        if not os.access(s.checkpoint_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"--checkpoint-dir {s.checkpoint_dir}: not writable")
+        return checkpoints
 
     # ---- stopping ---------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -134,6 +154,10 @@ class NodeRuntime:
     # ---- the lifecycle ----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED) -> Stopped:
         PEER.set(self.peer_id)
+        cfg = self.cfg
+        # the data first: a wrong --data is a one-line error before the node listens
+        self.dataset = await trio.to_thread.run_sync(
+            lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
         with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             async with trio.open_nursery() as nursery:
@@ -156,7 +180,7 @@ class NodeRuntime:
                 synced_slot = None
                 if self.settings.peers and not self.stop_requested():
                     with self.stats.timed("sync"):
-                        synced_slot = await self._join()
+                        synced_slot = await self._join(self.settings.sync_timeout_s)
                 with self.stats.timed("warm_up"):
                     await warm.wait()
                 self._follow_run_schedule(synced_slot)  # after the warm-up: one thread at a time on the loop
@@ -187,9 +211,12 @@ class NodeRuntime:
             log.warning("--http host %s differs from --listen host %s: serving HTTP on %s", http_host, host, host)
         gossip = GossipConfig(run_id=s.run_id, heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
                               dial_backoff_s=min(0.5, s.heartbeat_s), dial_backoff_max_s=max(2.0, 10 * s.heartbeat_s))
+        advertise_host, advertise_port = s.advertise_host_port()
         return p2p.HostConfig(identity=self.identity, run_id=s.run_id, data_dir=Path(data_dir),
                               listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
-                              bootstrap=s.peers, gossip=gossip, accept=accept_hook(self.shapes))
+                              advertise_host=advertise_host, advertise_gossip_port=advertise_port,
+                              advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
+                              accept=accept_hook(self.shapes))
 
     async def _prepare(self) -> None:
         """Data, inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
@@ -197,7 +224,7 @@ class NodeRuntime:
         cfg = self.cfg
 
         def build() -> tuple[InnerLoop, list, Ledger, LedgerSnapshot | None, Checkpoint | None]:
-            dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+            dataset = self.dataset
             heldout = dataset.heldout_batches(self.settings.eval_batches)
             ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
             if ckpt is not None:
@@ -234,15 +261,20 @@ class NodeRuntime:
         finally:
             done.set()
 
-    async def _join(self) -> int | None:
-        """Sync the peers' state if fresher than ours (`node.join`); returns the slot taken, or None."""
+    async def _join(self, timeout_s: float | None) -> int | None:
+        """Sync the peers' state if fresher than ours (`node.join`); returns the slot taken, or None.
+        Raises `NoPeerState` after `timeout_s` (None: waits until a peer state comes or a stop)."""
         replica = self.replica
         own_digest, _ = await replica.digests()
         result = None
+
+        def waiting(what: str | None) -> None:
+            self.stats.waiting_for = what
+
         with trio.CancelScope() as self._sync_scope:
             result = await sync_state(self.host, self.settings.run_id, self.ledger_config, self.shapes,
-                                      own=(replica.slot, own_digest), timeout_s=self.settings.sync_timeout_s,
-                                      retry_s=self.settings.heartbeat_s)
+                                      own=(replica.slot, own_digest), timeout_s=timeout_s,
+                                      retry_s=self.settings.heartbeat_s, waiting=waiting)
         self._sync_scope = None
         if result is None:
             return None
@@ -304,7 +336,10 @@ class NodeRuntime:
         if self._resync:
             self._resync = False
             log.warning("far behind the peers: syncing their state again")
-            self._follow_run_schedule(await self._join())
+            try:
+                self._follow_run_schedule(await self._join(RESYNC_TIMEOUT_HEARTBEATS * self.settings.heartbeat_s))
+            except NoPeerState as exc:
+                log.warning("resync: %s; training on from our own state", exc)
         if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
             self.feedback.reset()  # the residual belonged to the parameters we had
         for peer in self._returned_peers():
@@ -366,7 +401,15 @@ class NodeRuntime:
         round_s = self.stats.contributed_step_seconds / max(1, self.stats.updates_published)
         quiet = s.drain_timeout_s or max(6 * s.heartbeat_timeout_s, 3 * (round_s + (self.rounds.overhead_s or 0)))
         tracker = DrainTracker(trio.current_time(), quiet)
-        log.info("draining: waiting for the peers (gives up after %.0f s without progress)", quiet)
+        log.info("draining: waiting for the peers (gives up after %.0f s without progress, %.0f s in all)",
+                 quiet, tracker.limit_s)
+        with trio.move_on_at(tracker.started_at + tracker.limit_s):  # a repair in flight is cut short too
+            return await self._wait_for_peers(tracker)
+        log.warning("drain done (time-limit, during a repair)")
+        return False
+
+    async def _wait_for_peers(self, tracker: DrainTracker) -> bool:
+        s = self.settings
         while not self.stop_requested():
             states = {p.peer_id: p.state for p in self.host.peers()}
             # a heavier forked state (node.repair), if its origin still announces it (else it moved on)
@@ -382,10 +425,10 @@ class NodeRuntime:
                     self._repaired.add((peer, state))
                     await self._repair(peer)
             if decision.done:
-                level = logging.WARNING if decision.why == "quiet-timeout" else logging.INFO
-                log.log(level, "drain done (%s)%s", decision.why,
+                agreed = decision.why in ("agreed", "alone")
+                log.log(logging.INFO if agreed else logging.WARNING, "drain done (%s)%s", decision.why,
                         f"; peers not agreeing: {list(decision.waiting_for)}" if decision.waiting_for else "")
-                return decision.why != "quiet-timeout"
+                return agreed
             await self.wait_change(trio.current_time() + s.heartbeat_s / 2)
         return False
 

@@ -10,9 +10,11 @@ Run-wide settings (every node of a run must agree, or their updates and states a
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from pathlib import Path
 
 from node.config import Config, ConfigError, preset
+from protocol.addresses import is_wildcard_host
 from protocol.compression import Codec
 from protocol.messages import split_addr
 
@@ -30,6 +32,8 @@ class NodeSettings:
     listen: str = "127.0.0.1:0"
     http: str = "127.0.0.1:0"
     peers: tuple[str, ...] = ()
+    advertise: str = ""  # HOST or HOST:PORT peers reach us at (gossip; HTTP on that host); "": chosen
+    advertise_http: str = ""  # HOST:PORT of our HTTP plane for peers, when it differs (NAT, proxy)
     data: tuple[str, ...] = ()
     model: str = "tiny"
     overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.config (e.g. "batch_size=8")
@@ -50,7 +54,7 @@ class NodeSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     heartbeat_s: float = 1.0
-    sync_timeout_s: float = 60.0
+    sync_timeout_s: float | None = None  # None: with peers, wait for their state until stopped
     drain_timeout_s: float | None = None  # None: derived from the heartbeat and round times
     slowdown: float = 1.0
     misbehave: str | None = None
@@ -63,6 +67,14 @@ class NodeSettings:
             _check_addr(flag, addr, allow_port_0=True)
         for addr in self.peers:
             _check_addr("--peers", addr, allow_port_0=False)
+        if self.advertise_http:
+            _check_addr("--advertise-http", self.advertise_http, allow_port_0=False)
+        for flag, host in (("--advertise", self.advertise_host_port()[0]),
+                           ("--advertise-http", split_addr(self.advertise_http)[0] if self.advertise_http else "")):
+            if host and is_wildcard_host(host):
+                _fail(f"{flag} {host}: a wildcard address cannot reach this node; name the address peers use")
+        if self.sync_timeout_s is not None and not 0.0 < self.sync_timeout_s < float("inf"):
+            _fail(f"--sync-timeout must be > 0 seconds, got {self.sync_timeout_s}")
         if self.compression not in {c.value for c in Codec}:
             _fail(f"--compression must be one of {[c.value for c in Codec]}, got {self.compression!r}")
         for flag, value, low in (("--inner-steps", self.inner_steps, 1), ("--eval-batches", self.eval_batches, 1),
@@ -87,6 +99,25 @@ class NodeSettings:
             _fail(f"--heartbeat must be in (0, 60] seconds, got {self.heartbeat_s}")
         if self.misbehave is not None and self.misbehave not in CHAOS_MODES:
             _fail(f"--misbehave must be one of {CHAOS_MODES}, got {self.misbehave!r}")
+
+    def advertise_host_port(self) -> tuple[str, int]:
+        """`advertise` as (host, gossip port); port 0 when it names a host only ("": not given)."""
+        text = self.advertise
+        if not text:
+            return "", 0
+        try:
+            return split_addr(text)
+        except ValueError:
+            pass
+        host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+        if ":" in host:
+            try:
+                ipaddress.IPv6Address(host.split("%", 1)[0])
+            except ValueError:
+                _fail(f"--advertise {text!r} is not HOST or HOST:PORT")
+        elif not host or any(c.isspace() or c in "/?#@[]" for c in host):
+            _fail(f"--advertise {text!r} is not HOST or HOST:PORT")
+        return host, 0
 
     @property
     def heartbeat_timeout_s(self) -> float:

@@ -54,6 +54,7 @@ class NodeStats:
     updates_published: int = 0
     rejections: Counter[str] = field(default_factory=Counter)  # node-level refusals (payload contents)
     sync: dict[str, Any] | None = None  # the state sync this process did, if any
+    waiting_for: str | None = None  # while syncing: what the node waits for (a peer, a state, a download)
     resumed_round: int | None = None  # round of the checkpoint this process resumed from
     time_s: Counter[str] = field(default_factory=Counter)  # seconds of this process per phase (PHASES)
 
@@ -119,6 +120,8 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "ledger_outcomes": dict(sorted(replica.outcomes.items())) if replica is not None else {},
         "held_future": {str(k): v for k, v in replica.held.items()} if replica is not None else {},
         "sync": stats.sync,
+        "waiting_for": stats.waiting_for,
+        "dial_failures": {a: f"{f.why} ({f.tries} tries)" for a, f in host.dial_failures.items()},
         "resumed_round": stats.resumed_round,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
         "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},

@@ -22,7 +22,9 @@ class HostConfig:
     listen_host: str = "127.0.0.1"
     gossip_port: int = 0  # 0: pick a free port
     http_port: int = 0
-    advertise_host: str = ""  # the host peers should dial (default: listen_host)
+    advertise_host: str = ""  # the host peers should reach us at (default: `p2p.advertise`'s choice)
+    advertise_gossip_port: int = 0  # the gossip port peers dial (0: the bound one; e.g. a NAT's forward)
+    advertise_http: str = ""  # "host:port" of our HTTP plane for peers (default: advertised host, bound port)
     bootstrap: tuple[str, ...] = ()  # "host:port" gossip addresses
     gossip: GossipConfig | None = None
     max_frame_size: int = MAX_FRAME_SIZE

@@ -14,3 +14,12 @@ class TransportError(Exception):
     def __init__(self, message: str, *, peer: str = "") -> None:
         self.peer = peer
         super().__init__(f"{peer[:16]}: {message}" if peer else message)
+
+
+class AddressError(Exception):
+    """This node's own address cannot be used: it cannot listen on it, or cannot tell peers how to reach
+    it. `what` names the address: "gossip" (the listen address), "http" or "advertise"."""
+
+    def __init__(self, what: str, message: str) -> None:
+        self.what = what
+        super().__init__(message)

@@ -29,19 +29,20 @@ from pathlib import Path
 
 import trio
 
+from p2p.advertise import choose_advertise_host
 from p2p.blobfetch import BlobClient
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore
 from p2p.config import HostConfig
 from p2p.connection import Connection
 from p2p.counters import Counters
-from p2p.errors import TransportError
+from p2p.errors import AddressError, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.transport import dial, format_addr, listener_addr, open_listener
 from protocol import signing
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip import Action, Deliver, Dial, Disconnect, Fetch, Handshake, Reject, Router, Send, State
-from protocol.messages import Goodbye, Hello, PeerInfo, Signed, StateManifest, UpdateHeader
+from protocol.messages import Goodbye, Hello, PeerInfo, Signed, StateManifest, UpdateHeader, split_addr
 from protocol.seen import SeqnoSource
 
 log = logging.getLogger("p2p.host")
@@ -58,6 +59,18 @@ class Delivery:
     @property
     def body(self) -> UpdateHeader | Goodbye | StateManifest:
         return self.message.body
+
+
+@dataclass(frozen=True)
+class DialFailure:
+    """Why the last dial of an address failed, how many dials in a row did, and when (host clock)."""
+
+    why: str
+    tries: int
+    at: float
+
+
+MAX_DIAL_FAILURES = 64  # addresses remembered in `Host.dial_failures` (oldest dropped first)
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class Host:
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known
         self._seqnos = SeqnoSource()
+        self.dial_failures: dict[str, DialFailure] = {}  # address -> the last failed dial, until one works
         self._conns: dict[int, Connection] = {}
         self._next_conn = 0
         self._inbox_send, self.inbox = trio.open_memory_channel[Delivery](math.inf)
@@ -230,6 +244,7 @@ class Host:
             "mesh": sorted(self.router.mesh),
             "known_peers": len(self.router.table),
             "pending_blobs": len(self.router.pending),
+            "dial_failures": {a: f"{f.why} ({f.tries} tries)" for a, f in self.dial_failures.items()},
             "counters": self.counters.snapshot(),
         }
 
@@ -263,11 +278,19 @@ class Host:
             ) as client, trio.open_nursery() as nursery:
                 self._client = client
                 self._nursery = nursery
-                listener = await open_listener(cfg.listen_host, cfg.gossip_port)
-                _, http_port = await nursery.start(serve_http, self.http, cfg.listen_host, cfg.http_port)
-                advertise = cfg.advertise_host or cfg.listen_host
-                self.gossip_addr = format_addr(advertise, listener_addr(listener)[1])
-                self.http_addr = format_addr(advertise, http_port)
+                advertise = await trio.to_thread.run_sync(
+                    choose_advertise_host, cfg.listen_host, cfg.advertise_host, cfg.bootstrap)
+                try:
+                    listener = await open_listener(cfg.listen_host, cfg.gossip_port)
+                except TransportError as exc:
+                    raise AddressError("gossip", str(exc)) from None
+                try:
+                    _, http_port = await nursery.start(serve_http, self.http, cfg.listen_host, cfg.http_port)
+                except TransportError as exc:
+                    raise AddressError("http", str(exc)) from None
+                self.gossip_addr = format_addr(advertise.host, cfg.advertise_gossip_port or listener_addr(listener)[1])
+                self.http_addr = cfg.advertise_http or format_addr(advertise.host, http_port)
+                log.info("advertising %s (gossip) and %s (http): %s", self.gossip_addr, self.http_addr, advertise.why)
                 rng = random.Random(cfg.seed if cfg.seed is not None else os.urandom(16))
                 self.router = Router(
                     cfg.gossip_config, PeerInfo(self.peer_id, self.gossip_addr, self.http_addr), rng=rng,
@@ -289,7 +312,11 @@ class Host:
         interval = self.router.config.heartbeat_s
         while True:
             now = self.now()
+            given_up = self.router.pending.given_up
             self._execute(self.router.heartbeat(now))
+            if self.router.pending.given_up > given_up:
+                self.counters.events["blob_given_up"] += self.router.pending.given_up - given_up
+                log.warning("gave up %d blob(s): no holder served them in time", self.router.pending.given_up - given_up)
             for conn in list(self._conns.values()):
                 if conn.congested_since is not None and now - conn.congested_since > self.router.config.heartbeat_timeout_s:
                     conn.close("send queue full for too long (slow peer)")
@@ -331,6 +358,17 @@ class Host:
         else:
             log.debug("dropped a %s frame to %s: send queue full", kind, action.peer)
 
+    def _dial_failed(self, address: str, why: str) -> None:
+        """Remember and log why a dial of `address` failed: a bootstrap address as a warning (a typo in
+        `--peers` must not go unnoticed), others at info level (peers that left are redialled)."""
+        tries = self.dial_failures[address].tries + 1 if address in self.dial_failures else 1
+        self.dial_failures[address] = DialFailure(why, tries, self.now())
+        while len(self.dial_failures) > MAX_DIAL_FAILURES:
+            self.dial_failures.pop(next(iter(self.dial_failures)))
+        bootstrap = address in self.config.bootstrap
+        log.log(logging.WARNING if bootstrap else logging.INFO, "cannot reach %s%s (try %d): %s",
+                "bootstrap peer " if bootstrap else "", address, tries, why)
+
     # ---- connections ------------------------------------------------------------------------------
 
     async def _on_inbound(self, stream: trio.SocketStream) -> None:
@@ -342,7 +380,7 @@ class Host:
         try:
             stream = await dial(action.address, self.config.dial_timeout_s)
         except TransportError as exc:
-            log.debug("dial %s (%s) failed: %s", action.address, action.peer, exc)
+            self._dial_failed(action.address, str(exc))
             self._execute(self.router.dial_failed(action.address, self.now()))
             return
         await self._run_connection(stream, outbound=True, remote=action.address, dialed=action.address, expected=action.peer)
@@ -374,6 +412,8 @@ class Host:
                     hello = None  # refused (duplicate, banned, full): not a disconnect of a peer
                     return
                 self.counters.events["connects"] += 1
+                if dialed is not None:
+                    self.dial_failures.pop(dialed, None)
                 log.info("connected %s %s %s (conn %d)", hello.peer_id, "to" if outbound else "from", remote, conn.id)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop, conn)
@@ -391,6 +431,7 @@ class Host:
         handshake = Handshake(
             self.identity, self.router.validator, gossip_addr=self.gossip_addr, http_addr=self.http_addr,
             challenge=signing.new_challenge(), expected_peer=expected, agent=self.config.agent,
+            remote_host=split_addr(conn.remote)[0] if conn.remote else None,
         )
         try:
             with trio.fail_after(self.config.handshake_timeout_s):
@@ -404,9 +445,13 @@ class Host:
             who = handshake.peer.peer_id if handshake.peer is not None else conn.remote.rpartition(":")[0]
             self._execute([Reject(who, exc.reason, f"handshake: {exc.detail}")])
             conn.close(f"handshake refused: {exc.reason.value}")
+            if conn.outbound:
+                self._dial_failed(conn.remote, f"handshake refused: {exc}")
         except (TransportError, trio.TooSlowError) as exc:
             log.debug("handshake with %s failed: %r", conn.remote, exc)
             conn.close("handshake failed")
+            if conn.outbound:
+                self._dial_failed(conn.remote, f"handshake failed: {exc or 'no answer in time'}")
         else:
             assert handshake.peer is not None
             conn.authenticated(handshake.peer.peer_id)
@@ -453,11 +498,13 @@ class Host:
             await self._client.fetch_once(peer, f"http://{state.info.http_addr}", name, size)
         except RemoteProtocolError as exc:
             self.counters.blob_fetch_failures += 1
+            self.counters.events[f"blob_fetch_failed:{exc.reason.value}"] += 1
             self._execute(self.router.fetch_failed(name, peer, exc.reason, exc.detail, self.now()))
             return False
         except TransportError as exc:
             self.counters.blob_fetch_failures += 1
-            log.info("fetch of blob %s from %s failed: %s", name[:12], peer, exc)
+            self.counters.events["blob_fetch_failed:transport"] += 1
+            log.info("fetch of blob %s from %s failed (the next holder is tried): %s", name[:12], peer, exc)
             self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now()))
             return False
         log.info("fetched blob %s (%d bytes) from %s", name[:12], size, peer)
@@ -473,4 +520,4 @@ async def run(config: HostConfig, *, task_status: trio.TaskStatus[Host] = trio.T
     await host._serve(task_status)
 
 
-__all__ = ["Delivery", "Host", "PeerStatus", "run"]
+__all__ = ["DialFailure", "Delivery", "Host", "PeerStatus", "run"]

@@ -30,6 +30,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from p2p.errors import TransportError
 from protocol.errors import LocalProtocolError
 
 log = logging.getLogger("p2p.http")
@@ -183,9 +184,22 @@ def _hypercorn_config(host: str, port: int) -> HypercornConfig:
 async def serve_http(
     app: HttpApp, host: str, port: int, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve `app` on `host:port` (port 0 picks one) until cancelled; reports the bound address."""
-    async with trio.open_nursery() as nursery:
-        bound = await nursery.start(serve, app, _hypercorn_config(host, port))
-        address = bound[0].removeprefix("http://")
-        bound_host, _, bound_port = address.rpartition(":")
-        task_status.started((bound_host.strip("[]"), int(bound_port)))
+    """Serve `app` on `host:port` (port 0 picks one) until cancelled; reports the bound address.
+    Raises TransportError if it cannot listen there (address in use, not an address of this host)."""
+    try:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(serve, app, _hypercorn_config(host, port))
+            address = bound[0].removeprefix("http://")
+            bound_host, _, bound_port = address.rpartition(":")
+            task_status.started((bound_host.strip("[]"), int(bound_port)))
+    except BaseExceptionGroup as group:  # hypercorn binds inside its nursery
+        bind_errors, other = group.split(OSError)
+        if bind_errors is None or other is not None:
+            raise
+        exc = _first_leaf(bind_errors)
+        raise TransportError(f"cannot listen on {_hypercorn_config(host, port).bind[0]}: {exc.strerror or exc}") from None
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -27,6 +27,7 @@ class Reason(enum.StrEnum):
     BAD_SIGNATURE = "bad_signature"
     BAD_IDENTITY = "bad_identity"
     BAD_HANDSHAKE = "bad_handshake"
+    BAD_ADDRESS = "bad_address"
     # peer standing
     PEER_BANNED = "peer_banned"
     # application checks

@@ -79,6 +79,11 @@ class LinkSpec:
         return cls(rate, delay, loss)
 
     @property
+    def unshaped(self) -> bool:
+        """No rate, delay or loss: namespaces only (separate hosts on a plain switch), no tc."""
+        return self.rate_mbit is None and not self.needs_netem
+
+    @property
     def needs_netem(self) -> bool:
         return self.delay_ms > 0 or self.loss_pct > 0
 
@@ -127,6 +132,8 @@ def probe(spec: LinkSpec, *, runner: Runner = _run, euid: int | None = None,
             rc, err = runner(cmd)
             if rc:
                 return WanSupport(False, f"cannot create a network namespace here (`{' '.join(cmd)}`: {err})")
+        if spec.unshaped:
+            return WanSupport(True, "no shaping (each node its own host)", "none")
         errors = []
         for qdisc in ("netem", "tbf"):
             if qdisc == "tbf" and (spec.needs_netem or spec.rate_mbit is None):
@@ -226,8 +233,9 @@ class WanNetwork:
                 self._must(["ip", "-n", ns, "addr", "add", f"{self.host(i)}/{self.subnet.prefixlen}", "dev", ns_if])
                 self._must(["ip", "-n", ns, "link", "set", ns_if, "up"])
                 self._must(["ip", "-n", ns, "link", "set", "lo", "up"])
-                self._must(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root",
-                            *self.spec.qdisc_args(self.qdisc)])
+                if self.qdisc != "none":
+                    self._must(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root",
+                                *self.spec.qdisc_args(self.qdisc)])
         except BaseException:  # WanError, or Ctrl-C half-way: leave nothing behind
             self.teardown()
             raise

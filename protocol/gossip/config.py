@@ -29,6 +29,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.BAD_SIGNATURE: 40.0,
     Reason.BAD_IDENTITY: 40.0,
     Reason.BAD_HANDSHAKE: 200.0,
+    Reason.BAD_ADDRESS: 0.0,  # a misconfigured peer, not a hostile one: its handshake is refused, or the address skipped
     Reason.PEER_BANNED: 0.0,
     Reason.BAD_SLOT: 10.0,
     Reason.TOO_STALE: 0.0,

@@ -33,6 +33,7 @@ class PendingBlob:
 class PendingBlobs:
     def __init__(self) -> None:
         self._by_blob: dict[str, PendingBlob] = {}
+        self.given_up = 0  # entries dropped by `retry`: no holder served them within the ttl
 
     def __len__(self) -> int:
         return len(self._by_blob)
@@ -98,6 +99,7 @@ class PendingBlobs:
         for blob, entry in list(self._by_blob.items()):
             if entry.fetching is None and entry.since < now - ttl:
                 del self._by_blob[blob]
+                self.given_up += 1
                 continue
             entry.tried.clear()
             out += self._next(entry, connected)

@@ -5,7 +5,8 @@ a `HelloProof` signing the transcript (`protocol.signing.hello_transcript`): bot
 challenges, the signer's addresses. Run id and version are checked on the Hello, before answering.
 
     state         frame received   action                                   next
-    AWAIT_HELLO   Hello            check_hello, send our HelloProof          AWAIT_PROOF
+    AWAIT_HELLO   Hello            check_hello and its addresses, send our   AWAIT_PROOF
+                                   HelloProof
     AWAIT_PROOF   HelloProof       verify_hello_proof                        DONE
     any           anything else    RemoteProtocolError(BAD_HANDSHAKE)        FAILED
     FAILED/DONE   anything         LocalProtocolError (caller bug)
@@ -18,6 +19,7 @@ from __future__ import annotations
 import enum
 
 from protocol import signing
+from protocol.addresses import address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity
 from protocol.messages import PROTOCOL_VERSION, Hello, HelloProof, Message, PeerInfo
@@ -34,7 +36,9 @@ class State(enum.Enum):
 class Handshake:
     """One connection's handshake. Send `self.hello` first, then feed each received frame body to
     `receive_frame` and send what it returns, until `state is State.DONE` (then `self.peer` is the
-    peer's authenticated Hello). `expected_peer` (when dialling a known peer id) must match."""
+    peer's authenticated Hello). `expected_peer` (when dialling a known peer id) must match.
+    `remote_host` (the connection's remote address, when known) lets the peer's advertised addresses be
+    checked against where it is: `bad_address` for one that cannot reach it."""
 
     def __init__(
         self,
@@ -46,10 +50,12 @@ class Handshake:
         challenge: bytes,
         expected_peer: str | None = None,
         agent: str = "diloco",
+        remote_host: str | None = None,
     ) -> None:
         self.identity = identity
         self.validator = validator
         self.expected_peer = expected_peer
+        self.remote_host = remote_host
         self.hello = Hello(
             run_id=validator.run_id,
             version=PROTOCOL_VERSION,
@@ -83,6 +89,7 @@ class Handshake:
             signing.check_hello(message, self.hello)
             if self.expected_peer is not None and message.peer_id != self.expected_peer:
                 raise RemoteProtocolError(Reason.BAD_IDENTITY, f"expected {self.expected_peer}, got {message.peer_id}")
+            self._check_addresses(message)
             self.peer = message
             self.state = State.AWAIT_PROOF
             return [signing.make_hello_proof(self.identity, self.hello, message)]
@@ -92,3 +99,12 @@ class Handshake:
             self.state = State.DONE
             return []
         raise RemoteProtocolError(Reason.BAD_HANDSHAKE, f"{type(message).__name__} during {self.state.value}")
+
+    def _check_addresses(self, hello: Hello) -> None:
+        """The peer's advertised addresses must be able to reach it (`protocol.addresses`): a wildcard,
+        one of our own, or a loopback address sent from another host would reach us instead."""
+        own = frozenset(a for a in (self.hello.gossip_addr, self.hello.http_addr) if a)
+        for addr in (hello.gossip_addr, hello.http_addr):
+            problem = addr and address_problem(addr, remote_host=self.remote_host, own=own)
+            if problem:
+                raise RemoteProtocolError(Reason.BAD_ADDRESS, f"advertised {problem}")

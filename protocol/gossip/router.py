@@ -47,6 +47,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from protocol import wire
+from protocol.addresses import address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip.actions import Action, Deliver, Dial, Disconnect, Reject, Send
 from protocol.gossip.backoff import DialSchedule
@@ -287,9 +288,21 @@ class Router:
         return []
 
     def _on_peer_exchange(self, peer: str, message: PeerExchange, now: float) -> list[Action]:
-        for info in message.peers:
-            self.table.learn(info, now)
-        return self._plan_dials(now)
+        return self._learn(peer, message.peers, now) + self._plan_dials(now)
+
+    def _learn(self, peer: str, infos: tuple[PeerInfo, ...], now: float) -> list[Action]:
+        """Hearsay addresses into the table; one that cannot reach its peer (`protocol.addresses`) is
+        counted (`bad_address`, no penalty: the sender may only be passing it on) and skipped."""
+        own = frozenset((self.local.gossip_addr, self.local.http_addr))
+        out: list[Action] = []
+        for info in infos:
+            problems = (address_problem(a, own=own) for a in (info.gossip_addr, info.http_addr) if a)
+            problem = next((p for p in problems if p), None)
+            if problem is not None and info.peer_id != self.local.peer_id:
+                out.append(Reject(peer, Reason.BAD_ADDRESS, f"address of {info.peer_id}: {problem}"))
+            elif problem is None:
+                self.table.learn(info, now)
+        return out
 
     def _on_graft(self, peer: str, message: Graft, now: float) -> list[Action]:
         if message.topic == self.config.topic and not self.scores.graylisted(peer) and len(self.mesh) < self.config.d_hi:
@@ -301,9 +314,7 @@ class Router:
     def _on_prune(self, peer: str, message: Prune, now: float) -> list[Action]:
         self.mesh.discard(peer)
         self.peers[peer].graft_after = now + message.backoff_s
-        for info in message.peers:
-            self.table.learn(info, now)
-        return self._plan_dials(now)
+        return self._learn(peer, message.peers, now) + self._plan_dials(now)
 
     def _on_ihave(self, peer: str, message: IHave, now: float) -> list[Action]:
         if self.scores.graylisted(peer) or message.topic != self.config.topic:

@@ -10,8 +10,9 @@ import os
 from gossip_sim import RUN, SimNet, addr, header
 from protocol import signing, wire
 from protocol.errors import Reason
-from protocol.gossip import Disconnect, Fetch
-from protocol.messages import Goodbye, Signed, StateManifest
+from protocol.gossip import Disconnect, Fetch, Reject
+from protocol.identity import Identity
+from protocol.messages import Goodbye, PeerExchange, PeerInfo, Signed, StateManifest
 
 FAST = dict(heartbeat_s=1.0, heartbeat_timeout_s=3.5)
 
@@ -371,3 +372,18 @@ def test_a_replayed_answer_to_our_own_iwant_is_not_penalized_nor_asked_again() -
     assert len(replayed) == 1, "asked once (anti-entropy), then remembered as seen"
     assert one.router.scores.score(net.nodes[0].peer_id) >= 0
     assert [d.message.message_id for d in one.delivered] == [mid], "never delivered twice"
+
+
+def test_hearsay_addresses_that_cannot_reach_their_peer_are_counted_and_never_dialled() -> None:
+    net = formed(3)
+    victim, other = net.nodes[0], net.nodes[1]
+    stranger = Identity.generate().peer_id
+    bad = PeerInfo(stranger, "0.0.0.0:4100", "0.0.0.0:8100")  # a misconfigured node's wildcard
+    mine = PeerInfo(Identity.generate().peer_id, victim.router.local.gossip_addr, "")  # claims our address
+    good = PeerInfo(Identity.generate().peer_id, "10.9.9.9:4100", "10.9.9.9:8100")
+    actions = net.inject(0, other.peer_id, wire.encode(PeerExchange(RUN, (bad, mine, good))))
+    refused = [a for a in actions if isinstance(a, Reject)]
+    assert [a.reason for a in refused] == [Reason.BAD_ADDRESS] * 2 and "wildcard" in refused[0].detail
+    assert stranger not in victim.router.table and mine.peer_id not in victim.router.table
+    assert good.peer_id in victim.router.table
+    assert other.peer_id in victim.router.peers, "passing on a bad address is not held against the sender"

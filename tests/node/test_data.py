@@ -136,3 +136,23 @@ def test_shard_smaller_than_a_sequence_is_refused():
     with pytest.raises(DataError, match="train shard holds 0 tokens"):
         ds.batcher(key)
     assert Batcher(ds.shard(""), batch_size=2, seq_len=16, seed=0, key="", vocab_size=256).next_batch().shape == (2, 17)
+
+
+def test_binary_files_passed_as_text_are_refused_or_skipped(tmp_path, caplog):
+    blob = bytes(range(256)) * 64  # NUL bytes: what git and grep call binary
+    (tmp_path / "model.ckpt").write_bytes(blob)
+    with pytest.raises(DataError, match="is not text"):
+        load_corpus([str(tmp_path / "model.ckpt")])
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "notes.txt").write_text("plain text " * 100)
+    (mixed / "figure.png").write_bytes(blob)
+    with caplog.at_level("WARNING", logger="node.data"):
+        docs = load_corpus([str(mixed)])
+    assert [d.name for d in docs] == ["notes.txt"]
+    assert "skipping 1 binary file(s)" in caplog.text and "figure.png" in caplog.text
+    only_binary = tmp_path / "only-binary"
+    only_binary.mkdir()
+    (only_binary / "a.bin.gz").write_bytes(blob)
+    with pytest.raises(DataError, match="holds no text|is not text"):
+        load_corpus([str(only_binary)])

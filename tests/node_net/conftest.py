@@ -35,12 +35,12 @@ def jax_persistent_cache(jax_cache: Path):
 
 @pytest.fixture
 def cluster(tmp_path: Path, jax_cache: Path):
-    """`cluster(name, *args)` starts a node; every node is killed when the test ends."""
+    """`cluster(name, *args, **NodeProc options)` starts a node; every node is killed when the test ends."""
     nodes: list[NodeProc] = []
     env = node_env(jax_cache)
 
-    def start(name: str, *args: str) -> NodeProc:
-        node = NodeProc(tmp_path / name, env, list(args))
+    def start(name: str, *args: str, **options) -> NodeProc:
+        node = NodeProc(tmp_path / name, env, list(args), **options)
         nodes.append(node)
         return node
 

@@ -53,11 +53,16 @@ def node_env(cache_dir: Path) -> dict[str, str]:
 class NodeProc:
     """One `python -m node.cli` process with its own key and checkpoint directory under `home`."""
 
-    def __init__(self, home: Path, env: dict[str, str], args: list[str]) -> None:
+    def __init__(self, home: Path, env: dict[str, str], args: list[str], *, exec_prefix: tuple[str, ...] = (),
+                 listen: tuple[str, str] = ("127.0.0.1:0", "127.0.0.1:0")) -> None:
+        """`exec_prefix` runs the node under another command (e.g. `ip netns exec NS`); `listen` is its
+        (--listen, --http) pair."""
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.args = args
         self.env = env
+        self.exec_prefix = exec_prefix
+        self.listen = listen
         self.peer_id = self.gossip = self.http = ""
         self.stdout: list[str] = []
         self.proc: subprocess.Popen | None = None
@@ -69,9 +74,9 @@ class NodeProc:
 
     def start(self) -> None:
         """(Re)start the process with the same key and checkpoint directory."""
-        cmd = [sys.executable, "-m", "node.cli", "--run-id", RUN_ID, "--key", str(self.home / "key"),
-               "--checkpoint-dir", str(self.home / "ckpt"), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-               *SMALL_MODEL, *self.args]
+        cmd = [*self.exec_prefix, sys.executable, "-m", "node.cli", "--run-id", RUN_ID, "--key",
+               str(self.home / "key"), "--checkpoint-dir", str(self.home / "ckpt"), "--listen", self.listen[0],
+               "--http", self.listen[1], *SMALL_MODEL, *self.args]
         self._lines: queue.Queue[str | None] = queue.Queue()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,

@@ -12,7 +12,7 @@ import pytest
 
 from node.cli import build_parser, settings_from_args
 from node.config import ConfigError
-from node.drain import DrainTracker, PeerView, drain_state
+from node.drain import LIMIT_FACTOR, DrainTracker, PeerView, drain_state
 from node.join import choose
 from node.replica import IdSetHash
 from node.settings import NodeSettings
@@ -48,6 +48,20 @@ def test_drain_gives_up_after_quiet_seconds_without_progress_only() -> None:
     assert not t.update(6.0, own, [PeerView(A, "training", 2, 2)]).done, "the peer made progress at 6"
     d = t.update(11.5, own, [PeerView(A, "training", 2, 2)])
     assert d.done and d.why == "quiet-timeout" and d.waiting_for == (A,)
+
+
+def test_drain_ends_at_its_time_limit_next_to_a_peer_that_never_stops_training() -> None:
+    own = drain_state("22" * 32)
+    t = DrainTracker(started_at=0.0, quiet_s=5.0)
+    assert t.limit_s == LIMIT_FACTOR * 5.0
+    now, d = 0.0, None
+    for rnd in range(1, 100):  # a peer without --max-rounds: a new round every 2 s, forever
+        now = 2.0 * rnd
+        d = t.update(now, own, [PeerView(A, "training", rnd, rnd)])
+        if d.done:
+            break
+    assert d.done and d.why == "time-limit" and d.waiting_for == (A,)
+    assert now <= t.limit_s + 2.0, "bounded whatever the peer does"
 
 
 def test_drain_state_fits_a_heartbeat() -> None:

@@ -100,6 +100,7 @@ async def test_the_host_falls_back_to_another_holder_counts_the_failure_and_keep
             path = await fetcher.fetch_blob(name, len(data), [gone.peer_id, holder.peer_id])
             assert path.read_bytes() == data
             assert fetcher.counters.blob_fetch_failures == 1
+            assert fetcher.counters.events["blob_fetch_failed:transport"] == 1, "the reason is counted"
             with pytest.raises(TransportError, match="no peer of 1"):
                 await fetcher.fetch_blob("ab" * 32, 10, [gone.peer_id])
             assert fetcher.counters.blob_fetch_failures == 2
