@@ -26,7 +26,11 @@ from pathlib import Path
 from testnet.nodes import node_env
 from testnet.procs import GroupRegistry, LineReader, drain_to_log, log_tail, spawn, stop_processes
 
-__all__ = ["baseline_argv", "baseline_config", "baseline_steps", "main", "run_baseline_child"]
+__all__ = ["BaselineError", "baseline_argv", "baseline_config", "baseline_steps", "main", "run_baseline_child"]
+
+
+class BaselineError(RuntimeError):
+    """The baseline child failed; the message quotes its log."""
 
 
 def baseline_config(model: str, data: Sequence[str], seed: int,
@@ -59,7 +63,7 @@ def baseline_argv(*, model: str, data: Sequence[str], seed: int, steps: int, sha
 
 async def run_baseline_child(argv: Sequence[str], log_path: Path, registry: GroupRegistry) -> None:
     """Run the baseline child to completion, its output in `log_path`. Stopped (with its process group)
-    if cancelled. Raises RuntimeError quoting the log if it fails."""
+    if cancelled. Raises BaselineError quoting the log if it fails."""
     process = await spawn(argv, log_path, registry, env=node_env())
     try:
         await drain_to_log(LineReader(process.stdout), log_path)
@@ -67,7 +71,7 @@ async def run_baseline_child(argv: Sequence[str], log_path: Path, registry: Grou
     finally:
         await stop_processes([process], registry, grace=2.0)
     if rc != 0:
-        raise RuntimeError(f"the data-parallel baseline exited with status {rc}; last lines of {log_path}:\n"
+        raise BaselineError(f"the data-parallel baseline exited with status {rc}; last lines of {log_path}:\n"
                            f"{log_tail(log_path)}")
 
 

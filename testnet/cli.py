@@ -8,6 +8,19 @@ data-parallel baseline, and a report.
 Stages, each cleaning up after itself (also on Ctrl-C or SIGTERM): optional solo run (overlap), the
 testnet (supervisor + live progress), the baseline (child process), the report (`report.md`,
 `report.json`, `loss.png` in the run directory). `run_testnet(options)` is the same thing for scripts.
+
+Every input that can be checked cheaply is checked before any node starts (flag values, the fault plan,
+`--wan`, `--data` sources, `--out` and `--jax-cache` writable). After the run, `testnet.outcome` judges
+the records: a run in which every node failed (exited by itself, or did not come back after a planned
+kill), or no node trained, fails, quoting the last lines of each failed node's log.
+
+Exit status (EXIT_STATUS, also in `--help`):
+    0    the run worked; the report is written and printed
+    1    the run failed: every node failed, no node trained, or the baseline failed (records and a
+         report marked failed stay in the run directory)
+    2    bad arguments (one line naming the flag), or the nodes could not be started (a node never
+         printed LISTENING: its log is quoted), or the WAN emulation could not be set up
+    130  interrupted (Ctrl-C, SIGTERM, SIGHUP): every node was stopped
 """
 
 from __future__ import annotations
@@ -22,13 +35,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
-from testnet.baseline_run import baseline_argv, baseline_steps, run_baseline_child
+from testnet.baseline_run import BaselineError, baseline_argv, baseline_steps, run_baseline_child
+from testnet.checks import UsageError, check_data, check_writable_dir
 from testnet.faults import FaultPlan, PlanError, make_plan, parse_misbehave, parse_partition, parse_slow
-from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
+from testnet.nodes import NodeSettings, NodeSpec, node_argv, node_env, prepare_nodes
+from testnet.outcome import RunFailed, assess
 from testnet.procs import GroupRegistry, NodeStartError
 from testnet.progress import Progress
 from testnet.record import Recorder, RunMeta, load_run
@@ -37,7 +52,10 @@ from testnet.supervisor import ArgvBuilder, ChaosPartitioner, NetnsPartitioner, 
 from testnet.timeline import Timeline
 from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
 
-__all__ = ["Options", "build_plan", "main", "parse_args", "run_testnet"]
+__all__ = ["EXIT_STATUS", "Options", "build_plan", "check_inputs", "main", "parse_args", "run_testnet"]
+
+EXIT_STATUS = {0: "the run worked", 1: "the run failed (every node failed, no node trained, or the baseline failed)",
+               2: "bad arguments, or the nodes could not be started", 130: "interrupted"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +122,26 @@ def build_plan(o: Options) -> FaultPlan:
                      partitions=[parse_partition(p, o.nodes) for p in o.partition], slow=slow, misbehave=misbehave)
 
 
+def check_inputs(o: Options) -> FaultPlan:
+    """Check what the flags name, cheaply and before anything starts; return the fault plan. Raises
+    `UsageError` (one line naming the flag). With `--plan-only`, only the plan and `--wan`."""
+    try:
+        plan = build_plan(o)
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+    if o.wan is not None:
+        try:
+            LinkSpec.parse(o.wan)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if not o.plan_only:
+        check_data(o.data)
+        check_writable_dir(o.out, "--out")
+        if o.jax_cache not in ("auto", "none"):
+            check_writable_dir(Path(o.jax_cache), "--jax-cache")
+    return plan
+
+
 def _param_count(model: str, overrides: Sequence[str]) -> int:
     from node.config import preset
     from node.model import param_count
@@ -120,7 +158,9 @@ def _new_run_dir(out: Path) -> Path:
             return path
         except FileExistsError:
             continue
-    raise RuntimeError(f"cannot create a run directory under {out}")
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot create the run folder {path.name}: {e.strerror or e}") from None
+    raise UsageError(f"--out {out}: cannot create a run folder (1000 exist for {stamp})")
 
 
 def _say(text: str) -> None:
@@ -175,10 +215,12 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
 
     `argv_builder(specs)` may replace the `diloco-node` command line (tests); it returns an `ArgvBuilder`.
     Every process started is registered in `registry` (for a last-resort `kill_all_now`).
-    Raises PlanError, NodeStartError, WanError or RuntimeError with a message for the user.
+    Raises, each with a message for the user: UsageError (bad options, before anything starts),
+    NodeStartError or WanError (the testnet could not start), RunFailed (see `testnet.outcome`; the run
+    directory holds the records and a report marked failed), BaselineError.
     """
     registry = GroupRegistry() if registry is None else registry
-    plan = build_plan(o)
+    plan = check_inputs(o)
     for line in plan.describe():
         _say(line)
     if o.config_overrides():
@@ -227,12 +269,27 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         if network is not None:
             for error in network.teardown():
                 _say(f"warning: WAN cleanup: {error}")
+    warnings = _verdict(run_dir, specs)
     if o.baseline:
         await _baseline(o, run_dir, meta, registry)
     fig = write_report(run_dir)
     _say(to_markdown(fig))
+    for warning in warnings:
+        _say(f"warning: {warning}")
     _say(f"report: {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'loss.png'}")
     return run_dir
+
+
+def _verdict(run_dir: Path, specs: list[NodeSpec]) -> list[str]:
+    """Judge the recorded run (`testnet.outcome`): raise RunFailed, after writing the report of what
+    there is, if it failed; otherwise return one warning per failed node (others trained on)."""
+    outcome = assess(Timeline(load_run(run_dir)))
+    details = outcome.describe(lambda node: specs[node].log_path)
+    if outcome.failed:
+        write_report(run_dir)
+        raise RunFailed(f"run failed: {'; '.join(outcome.problems)}; records and a report marked failed in "
+                        f"{run_dir}", run_dir, details)
+    return details
 
 
 async def _baseline(o: Options, run_dir: Path, meta: RunMeta, registry: GroupRegistry) -> None:
@@ -248,13 +305,21 @@ def _jsonable(o: Options) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(o).items()}
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line (the usage is 17 lines; `--help` shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="diloco-testnet", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run N diloco nodes on this machine with chaos from a seeded plan, the synchronous "
                     "data-parallel baseline on the same data, and write a report (table, JSON, loss plot).",
-        epilog="Times in --partition and the plan count from the first node's launch. Ctrl-C stops every "
-               "node cleanly. Results go to OUT/<timestamp>/ (node logs, status time series, report).")
+        epilog="Times in --partition and the plan count from the first node's launch. Ctrl-C stops every\n"
+               "node cleanly. Results go to OUT/<timestamp>/ (node logs, status time series, report).\n\n"
+               "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUS.items()))
     a = p.add_argument
     a("--nodes", type=int, default=3, help="number of nodes (default 3)")
     a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
@@ -306,10 +371,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
            "none = off)")
     a("--plan-only", action="store_true", help="print the fault plan and exit")
     ns = p.parse_args(argv)
-    if ns.nodes < 1 or ns.minutes <= 0 or ns.inner_steps < 1 or ns.eval_batches < 1:
-        p.error("--nodes, --inner-steps and --eval-batches must be >= 1 and --minutes > 0")
-    if ns.rounds is not None and ns.rounds < 1:
-        p.error("--rounds must be >= 1")
+    at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),
+                "--eval-batches": (ns.eval_batches, 1), "--eval-every": (ns.eval_every, 0),
+                "--kill-every": (ns.kill_every, 0), "--downtime": (ns.downtime, 0), "--first-kill": (ns.first_kill, 0),
+                "--settle": (ns.settle, 0), "--solo-seconds": (ns.solo_seconds, 0), "--stop-grace": (ns.stop_grace, 0)}
+    for flag, (value, low) in at_least.items():
+        if value is not None and not value >= low:
+            p.error(f"{flag} must be >= {low}, got {value:g}")
+    for flag, value in (("--minutes", ns.minutes), ("--start-timeout", ns.start_timeout),
+                        ("--poll-interval", ns.poll_interval)):
+        if not value > 0:
+            p.error(f"{flag} must be > 0, got {value:g}")
     from node.config import ConfigError, preset
 
     try:
@@ -328,7 +400,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 
 
 def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:
-    """Entry point of `diloco-testnet`. Exit status: 0 done, 2 bad flags or failed start, 130 interrupted.
+    """Entry point of `diloco-testnet`; returns the exit status (module doc, `EXIT_STATUS`).
     `argv_builder` as in `run_testnet` (tests)."""
     options = parse_args(argv)
     # SIGTERM/SIGHUP become SIGINT, which trio turns into KeyboardInterrupt at a safe point. SIGINT gets
@@ -344,9 +416,18 @@ def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:
         print("interrupted: every node was stopped; records are in the run directory "
               "(`python -m testnet.report RUN_DIR` makes a report from them)", file=sys.stderr)
         return 130
-    except (PlanError, NodeStartError, WanError, ValueError, RuntimeError) as e:
-        print(f"diloco-testnet: {e}", file=sys.stderr)
+    except UsageError as e:
+        print(f"diloco-testnet: error: {e}", file=sys.stderr)
         return 2
+    except (NodeStartError, WanError) as e:
+        print(f"diloco-testnet: the testnet could not start: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print("\n".join([*e.details, f"diloco-testnet: {e}"]), file=sys.stderr)
+        return 1
+    except BaselineError as e:
+        print(f"diloco-testnet: run failed: {e}", file=sys.stderr)
+        return 1
     finally:
         leftover = registry.kill_all_now()  # only if cleanup itself was interrupted (a second Ctrl-C)
         if leftover:

@@ -134,19 +134,20 @@ class FaultPlan:
                     raise PlanError(f"node {node} is killed at {start:g} s while still down (until {end:g} s)")
         for part in self.partitions:
             for node in part.side_a + part.side_b:
-                self._check_node(node, "partition")
+                self._check_node(node, "--partition")
             if set(part.side_a) & set(part.side_b) or not part.side_a or not part.side_b:
-                raise PlanError(f"partition sides must be disjoint and non-empty: {part.side_a} / {part.side_b}")
+                raise PlanError(f"--partition sides must be disjoint and non-empty: {part.side_a} / {part.side_b}")
             if not 0 <= part.start < part.end <= self.duration:
-                raise PlanError(f"partition [{part.start:g}, {part.end:g}) s must lie in [0, {self.duration:g}) s")
+                raise PlanError(f"--partition [{part.start:g}, {part.end:g}) s must lie in the run, "
+                                f"[0, {self.duration:g}) s")
         for node, factor in self.slow:
-            self._check_node(node, "slow")
+            self._check_node(node, "--slow")
             if not factor >= 1:
-                raise PlanError(f"slow factor of node {node} must be >= 1, got {factor:g}")
+                raise PlanError(f"--slow factor of node {node} must be >= 1, got {factor:g}")
         for node, mode in self.misbehave:
-            self._check_node(node, "misbehave")
+            self._check_node(node, "--misbehave")
             if mode not in MISBEHAVE_MODES:
-                raise PlanError(f"misbehave mode must be one of {', '.join(MISBEHAVE_MODES)}, got {mode!r}")
+                raise PlanError(f"--misbehave mode must be one of {', '.join(MISBEHAVE_MODES)}, got {mode!r}")
         for name, pairs in (("slow", self.slow), ("misbehave", self.misbehave)):
             nodes = [n for n, _ in pairs]
             if len(set(nodes)) != len(nodes):

@@ -28,6 +28,12 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   fractions of the processes' wall time from start to last sample; `other` is the rest (start-up
   before the node's clock began, thread hops, the loop between rounds); phases ending in `_bg` ran in
   the background, alongside the others, and are not subtracted.
+- outcome: the verdict of `testnet.outcome` (did the run fail, which nodes failed and why).
+
+A figure that was not measured is `null` in the JSON and "n/a" in the table, never a value: with no
+`/status` answer at all, goodput, rejections, byte and token counts; agreement without any digest seen; "restarted
+nodes rejoined" without a restarted process that could join. The data-parallel figures are a model, not
+a measurement: the table marks them "(model)" and "(assumed)", the JSON says so in `basis`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from testnet.faults import merge_intervals
+from testnet.outcome import assess
 from testnet.record import RunRecord, load_run
 from testnet.timeline import Timeline, clip_length
 
@@ -117,19 +124,21 @@ def _agreement(tl: Timeline, honest: tuple[int, ...]) -> dict[str, Any]:
     lasts = [tl.of(node)[-1] for node in honest if tl.of(node)]
     finished = len(lasts) == len(honest) and all(inc.finished and inc.stopped for inc in lasts)
     stopped_equal = len({inc.stopped[1:] for inc in lasts if inc.stopped}) == 1 if finished else None
-    observed_ok = conflicts == 0 and bool(params_of)
+    consistent = conflicts == 0 if params_of else None  # None: no digest seen, nothing to compare
+    together = stopped_equal if stopped_equal is not None else len(met) == len(pairs)
     return {"method": "digests (parameters are not exposed by the node)", "ledgers_seen": len(params_of),
-            "conflicts": conflicts, "consistent": observed_ok,
+            "conflicts": conflicts, "consistent": consistent,
             "quiet_from_s": _round(quiet - tl.t_launch, 2), "pairs": len(pairs), "pairs_met_after_quiet": len(met),
             "finished_equal": stopped_equal,
-            "ok": observed_ok and (stopped_equal if stopped_equal is not None else len(met) == len(pairs)),
+            "ok": None if consistent is None else consistent and together,
             "final_slots": final_slots}
 
 
-def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool]:
+def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool | None]:
     """Join and recovery times per process; rejoined = every restarted process that was not itself
-    killed published an update (one killed again before it could join is listed with join_s None)."""
-    rows, rejoined = [], True
+    killed published an update (one killed again before it could join is listed with join_s None);
+    None when there was no such process (no restart, or every restarted process was killed again)."""
+    rows, candidates, joined = [], 0, 0
     for (node, i), inc in tl.incs.items():
         started, first = inc.last.get("started_at"), inc.last.get("first_update_at")
         ok = isinstance(first, (int, float)) and isinstance(started, (int, float))
@@ -137,9 +146,10 @@ def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool]:
         recovery = (first - prev.killed_at) if ok and prev is not None and prev.killed_at is not None else None
         rows.append({"node": node, "process": i, "join_s": _round(first - started, 2) if ok else None,
                      "recovery_s": _round(recovery, 2), "killed": inc.killed_at is not None})
-        if i > 0 and not ok and inc.killed_at is None:
-            rejoined = False
-    return rows, rejoined
+        if i > 0 and inc.killed_at is None:
+            candidates += 1
+            joined += ok
+    return rows, (joined == candidates if candidates else None)
 
 
 def _time_breakdown(tl: Timeline, nodes: set[int] | None = None) -> dict[str, Any]:
@@ -164,6 +174,7 @@ def _time_breakdown(tl: Timeline, nodes: set[int] | None = None) -> dict[str, An
 
 
 def _rejections(tl: Timeline) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
+    """Rejected updates by reason, in total and per node (from each process's last `/status`)."""
     total: Counter[str] = Counter()
     per_node: dict[int, Counter[str]] = {}
     for (node, _), inc in tl.incs.items():
@@ -203,19 +214,20 @@ def compute(record: RunRecord) -> dict[str, Any]:
     t_ready = tl.t_ready
     start = t_ready if t_ready is not None else tl.t_launch
     window = max(tl.t_end - start, 0.0)
+    answered = any(inc.samples for inc in tl.incs.values())  # else nothing was measured
 
-    goodput, per_node = _goodput(tl, start)
+    goodput, per_node = _goodput(tl, start) if answered and window > 0 else (None, [None] * meta.nodes)
     killed = {inc.node for inc in tl.incs.values() if inc.killed_at is not None}
-    unkilled = [g for n, g in enumerate(per_node) if n not in killed]
+    unkilled = [g for n, g in enumerate(per_node) if n not in killed and g is not None]
     launch_alloc = sum(tl.t_end - (tl.of(n)[0].launched_at or tl.t_launch) for n in range(meta.nodes) if tl.of(n))
     from_launch = sum(inc.value("contributed_step_seconds") for inc in tl.incs.values()) / launch_alloc \
-        if launch_alloc > 0 else 0.0
+        if answered and launch_alloc > 0 else None
 
     stalls = tl.outages() + tl.partitions()
     stalled = clip_length(stalls, start, tl.t_end)
     factors = [plan.slow_factor(n) for n in range(meta.nodes)]
     slow_eff = sum(factors) / (len(factors) * max(factors))
-    dp_same = slow_eff * (1 - stalled / window) if window > 0 else 0.0
+    dp_same = slow_eff * (1 - stalled / window) if window > 0 else None
 
     params = int(meta.extra.get("param_count", 0))
     sent = sum(inc.value("bytes_sent") for inc in tl.incs.values() if inc.node in honest)
@@ -234,7 +246,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
     step_s = 1.0 / net_rate if net_rate else None
     slow_max = max(factors)
 
-    total, per_reason_node = _rejections(tl)
+    total, per_reason_node = _rejections(tl) if answered else (None, {})
     joins, rejoined = _joins(tl)
     finals = {n: pts[-1][1] for n in honest if (pts := tl.eval_points(n))}
     late_from = tl.t_launch + 0.8 * (tl.t_end - tl.t_launch)  # single evaluations are noisy: also average
@@ -251,18 +263,24 @@ def compute(record: RunRecord) -> dict[str, Any]:
         "goodput": {"value": _round(goodput), "from_launch": _round(from_launch), "per_node": [_round(g) for g in per_node],
                     "never_killed": _round(statistics.mean(unkilled)) if unkilled else None},
         "baseline_goodput": {"same_failures": _round(dp_same), "no_failures": _round(slow_eff),
-                             "stalled_s": _round(stalled, 2), "ratio": _round(goodput / dp_same) if dp_same > 0 else None},
+                             "stalled_s": _round(stalled, 2),
+                             "ratio": _round(goodput / dp_same) if goodput is not None and dp_same else None,
+                             "basis": "model, not measured: perfect scaling assumed; stalls from this run's outages "
+                                      "and partitions"},
         "communication": {"bytes_per_node_step": _round(ours, 1), "dp_bytes_per_step": _round(dp, 1),
-                          "ratio": _round(dp / ours, 2) if dp and ours else None, "bytes_sent": int(sent),
-                          "inner_steps": int(steps), "steady_bytes_per_node_step": _round(steady, 1),
+                          "ratio": _round(dp / ours, 2) if dp and ours else None,
+                          "bytes_sent": int(sent) if answered else None,
+                          "inner_steps": int(steps) if answered else None,
+                          "steady_bytes_per_node_step": _round(steady, 1),
                           "steady_ratio": _round(dp / steady, 2) if dp and steady else None},
         "overlap": {"value": _round(overlap), "network_steps_per_s": {str(k): _round(v) for k, v in step_rates.items()},
                     "solo_steps_per_s": [_round(r) for r in solo_rates],
                     "note": None if solo_rates else "no solo run (--solo-seconds)"},
         "throughput": {"tokens_per_s": {str(k): _round(v, 1) for k, v in _node_rates(tl, "tokens", tuple(range(meta.nodes))).items()},
-                       "total_tokens": int(tl.total_at("tokens", tl.t_end))},
+                       "total_tokens": int(tl.total_at("tokens", tl.t_end)) if answered else None},
         "agreement": _agreement(tl, honest),
         "rejections": {"total": total, "per_node": {str(k): v for k, v in per_reason_node.items()}},
+        "outcome": assess(tl).to_dict(),
         "joins": joins, "rejoined": rejoined,
         "time": {"all": _time_breakdown(tl), "never_killed": _time_breakdown(tl, set(range(meta.nodes)) - killed)},
         "quality": {"final_bpb": {str(k): _round(v) for k, v in finals.items()}, "mean_final_bpb": _round(mean_final),
@@ -274,39 +292,52 @@ def compute(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def _fmt(value: Any, spec: str = ".3f") -> str:
-    return "n/a" if value is None else format(value, spec)
+def _fmt(value: Any, spec: str = ".3f", tag: str = "") -> str:
+    """`value` formatted, with `tag` after it; "n/a" when it was not measured (None)."""
+    return "n/a" if value is None else format(value, spec) + tag
+
+
+def _yes_no(value: bool | None, yes: str = "yes", no: str = "NO") -> str:
+    return "n/a" if value is None else yes if value else no
 
 
 def to_markdown(fig: dict[str, Any]) -> str:
     """The report's table (one row per figure) plus join times and rejections."""
     run, gp, dp, comm = fig["run"], fig["goodput"], fig["baseline_goodput"], fig["communication"]
-    ag, q, ov = fig["agreement"], fig["quality"], fig["overlap"]
+    ag, q, ov, outcome = fig["agreement"], fig["quality"], fig["overlap"], fig["outcome"]
+    rejected = fig["rejections"]["total"]
     rows = [
         ("goodput", _fmt(gp["value"]), f"from launch {_fmt(gp['from_launch'])}; nodes never killed "
          f"{_fmt(gp['never_killed'])}; window {run['window_s']} s"),
-        ("data-parallel goodput, same failures", _fmt(dp["same_failures"]),
+        ("data-parallel goodput, same failures", _fmt(dp["same_failures"], tag=" (model)"),
          f"stalled {dp['stalled_s']} s; upper bound: no start-up, lost work or all-reduce time"),
-        ("data-parallel goodput, no failures", _fmt(dp["no_failures"]), "slowest worker sets the pace"),
+        ("data-parallel goodput, no failures", _fmt(dp["no_failures"], tag=" (assumed)"),
+         "not measured: perfect scaling, the slowest worker sets the pace"),
         ("goodput ÷ data-parallel", _fmt(dp["ratio"], ".2f"), ""),
         ("communication ratio (all-reduce ÷ ours)", _fmt(comm["ratio"], ".1f"),
          f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step; "
          f"once all train (no start-up state downloads) {_fmt(comm.get('steady_ratio'), '.1f')}"),
         ("overlap (steps/s network ÷ alone)", _fmt(ov["value"]), ov["note"] or "alone = every node isolated at "
          "once; with nodes sharing cores, > 1 means the network run left each node more CPU"),
-        ("replica agreement", "ok" if ag["ok"] else "NOT OK",
+        ("replica agreement", _yes_no(ag["ok"], "ok", "NOT OK"),
          f"{ag['conflicts']} conflicts in {ag['ledgers_seen']} ledgers; pairs met after quiet "
          f"{ag['pairs_met_after_quiet']}/{ag['pairs']}"
          + ("" if ag["finished_equal"] is None else f"; final digests equal: {ag['finished_equal']}")),
-        ("updates rejected", str(sum(fig["rejections"]["total"].values())),
-         ", ".join(f"{k}: {v}" for k, v in fig["rejections"]["total"].items()) or "none"),
-        ("restarted nodes rejoined", "yes" if fig["rejoined"] else "NO", f"{run['restarts']} restarts"),
+        ("updates rejected", "n/a" if rejected is None else str(sum(rejected.values())),
+         "" if rejected is None else ", ".join(f"{k}: {v}" for k, v in rejected.items()) or "none"),
+        ("restarted nodes rejoined", _yes_no(fig["rejoined"]), f"{run['restarts']} restarts"),
+        ("nodes failed", str(len(outcome["failed_nodes"])),
+         "; ".join(f"node {f['node']}: {f['reason']}" for f in outcome["failed_nodes"]) or "none"),
         ("held-out bpb (mean of nodes)", _fmt(q["mean_final_bpb"]), f"baseline {_fmt(q['baseline_final_bpb'])}, "
          f"ratio {_fmt(q['ratio_to_baseline'], '.4f')}; mean of the last 20% of the run {_fmt(q['late_mean_bpb'])}"),
-        ("tokens trained", f"{fig['throughput']['total_tokens']:,}", ""),
+        ("tokens trained", _fmt(fig["throughput"]["total_tokens"], ","), ""),
     ]
-    out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", "",
-           "| figure | value | detail |", "|---|---|---|"]
+    out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", ""]
+    if outcome["failed"]:
+        out += [f"**The run failed**: {'; '.join(outcome['problems'])}.", ""]
+    if run["interrupted"]:
+        out += ["**Interrupted**: the run was stopped before its end.", ""]
+    out += ["| figure | value | detail |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     shares = (fig.get("time") or {}).get("never_killed", {}).get("fractions")
     if shares:

@@ -14,8 +14,8 @@ Contract:
   It returns after `plan.duration` seconds, a final `/status` poll and `stop()`.
 - However `run` ends (return, exception, cancellation, KeyboardInterrupt), every process group it
   started has been sent SIGTERM, then SIGKILL after `stop_grace` seconds, and reaped.
-- A failed *initial* launch raises `NodeStartError` (quoting the node's log); a failed *restart* is
-  recorded (`start-error`) and reported, and the run goes on without that node.
+- A failed *initial* launch raises `NodeStartError` (quoting the log of every node that failed); a
+  failed *restart* is recorded (`start-error`) and reported, and the run goes on without that node.
 - A restarted node keeps its key and checkpoint directory, and its ports when it can bind them again
   (otherwise new ports); its bootstrap peers are the nodes up at that moment.
 - With `--max-rounds` the nodes end by themselves: once every node is finished (or crashed), `run`
@@ -211,19 +211,20 @@ class Supervisor:
         self._trio_t0, self.t0 = trio.current_time(), time.time()
         first = self.handles[0]
         await self._launch(first, peers=[])
-        errors: list[NodeStartError] = []
+        errors: list[tuple[int, NodeStartError]] = []
 
         async def launch(h: NodeHandle) -> None:
             try:
                 await self._launch(h, peers=[first.listening.gossip] if first.listening and self.bootstrap else [])
             except NodeStartError as e:
-                errors.append(e)
+                errors.append((h.spec.index, e))
 
         async with trio.open_nursery() as starters:
             for h in self.handles[1:]:
                 starters.start_soon(launch, h)
-        if errors:
-            raise errors[0]
+        if errors:  # every node that failed, in order, each with its log's tail
+            errors.sort(key=lambda pair: pair[0])
+            raise errors[0][1] if len(errors) == 1 else NodeStartError("\n".join(str(e) for _, e in errors))
         self.notify(f"all {len(self.handles)} nodes listening after {self.elapsed():.1f} s")
 
     async def _launch(self, h: NodeHandle, *, peers: Sequence[str], fresh_ports: bool = False) -> None:

@@ -4,8 +4,9 @@ time and records `POST /chaos` bodies to `<checkpoint-dir>/chaos.jsonl`.
 
 Test knobs: `--ignore-term` (survive SIGTERM, so only SIGKILL stops it), `--grandchild` (start a
 sleeping child in the same process group and write its pid to `<checkpoint-dir>/grandchild.pid`),
-`--die-before-listening` (print an error to stderr and exit 3), `--finish-after S` (print a STOPPED
-line and exit 0 after S seconds, as a node does after --max-rounds).
+`--die-before-listening` (print an error to stderr and exit 3), `--exit-after-listening CODE` (print
+LISTENING, then an error to stderr, and exit CODE at once, as a node with a bad --data source does),
+`--finish-after S` (print a STOPPED line and exit 0 after S seconds, as a node does after --max-rounds).
 """
 
 import argparse
@@ -35,6 +36,7 @@ def main():
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--grandchild", action="store_true")
     p.add_argument("--die-before-listening", action="store_true")
+    p.add_argument("--exit-after-listening", type=int, default=None, metavar="CODE")
     p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
     args = p.parse_args()
     started = time.time()
@@ -85,6 +87,9 @@ def main():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"LISTENING {args.peer_id} {args.listen.rpartition(':')[0]}:{gossip.getsockname()[1]} "
           f"{args.http.rpartition(':')[0]}:{server.server_address[1]}", flush=True)
+    if args.exit_after_listening is not None:
+        print(f"fatal: data source '/nonexistent' does not exist (test, {args.peer_id})", file=sys.stderr, flush=True)
+        sys.exit(args.exit_after_listening)
     print("fake node running", file=sys.stderr, flush=True)
     if args.finish_after is not None:
         time.sleep(args.finish_after)

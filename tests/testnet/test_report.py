@@ -65,6 +65,10 @@ def test_goodput_and_data_parallel_goodput() -> None:
     assert fig["baseline_goodput"]["same_failures"] == pytest.approx(9 / 16, abs=1e-4)
     assert fig["baseline_goodput"]["no_failures"] == 1.0
     assert fig["baseline_goodput"]["ratio"] == pytest.approx((19 / 32) / (9 / 16), abs=1e-3)
+    assert fig["baseline_goodput"]["basis"].startswith("model, not measured")
+    md = to_markdown(fig)
+    assert "| data-parallel goodput, no failures | 1.000 (assumed) |" in md
+    assert "| data-parallel goodput, same failures | 0.562 (model) |" in md
 
 
 def test_communication_ratio() -> None:
@@ -91,11 +95,24 @@ def test_a_restart_that_never_published_is_not_rejoined() -> None:
         if row.get("inc") == 1 and "status" in row:
             row["status"]["first_update_at"] = None
     assert compute(rec)["rejoined"] is False
-    # ... unless it was killed again before it could join: then it had no chance to
+    # ... unless it was killed again before it could join: then it had no chance to, and with no other
+    # restarted process, whether restarted nodes rejoin was not observed at all
     rec.events.append({"t": 1019.0, "node": 1, "inc": 1, "event": "kill", "pid": 2})
     fig = compute(rec)
-    assert fig["rejoined"] is True
+    assert fig["rejoined"] is None and "| restarted nodes rejoined | n/a | 1 restarts |" in to_markdown(fig)
     assert [j["killed"] for j in fig["joins"] if j["node"] == 1] == [True, True]
+
+
+def test_rejoined_is_not_applicable_without_restarts() -> None:
+    rec = record()
+    rec.plan = FaultPlan(nodes=2, duration=20)
+    rec.events = [e for e in rec.events if e["event"] == "launch" and e["inc"] == 0]
+    rec.samples = [row for row in rec.samples if row["inc"] == 0]
+    fig = compute(rec)
+    assert fig["run"]["restarts"] == 0 and fig["rejoined"] is None
+    md = to_markdown(fig)
+    assert "| restarted nodes rejoined | n/a | 0 restarts |" in md and "| restarted nodes rejoined | yes" not in md
+    assert json.loads(json.dumps(fig))["rejoined"] is None  # null in report.json
 
 
 def test_agreement_by_digest() -> None:
@@ -184,9 +201,20 @@ def test_write_report_files(tmp_path: Path) -> None:
     assert to_markdown(fig) == md
 
 
-def test_empty_run_does_not_crash() -> None:
+def test_a_run_without_measurements_shows_nothing_as_measured() -> None:
+    """No node ever answered /status (every one died at start): nothing measured reads as a value."""
     meta = RunMeta(nodes=2, model="tiny", inner_steps=10, peer_ids=["a", "b"], t_launch=0.0, t_end=5.0)
-    fig = compute(RunRecord(meta, FaultPlan(nodes=2, duration=5), [], []))
-    assert fig["goodput"]["value"] == 0.0 and fig["agreement"]["ok"] is False
-    assert fig["run"]["all_training_at_s"] is None
-    to_markdown(fig)
+    events = [{"t": 0.5, "node": n, "inc": 0, "event": e, "rc": 2, "expected": False, "finished": False}
+              for n in (0, 1) for e in ("launch", "exit")]
+    fig = compute(RunRecord(meta, FaultPlan(nodes=2, duration=5), events, []))
+    assert fig["goodput"] == {"value": None, "from_launch": None, "per_node": [None, None], "never_killed": None}
+    assert fig["agreement"]["ok"] is None and fig["agreement"]["consistent"] is None
+    assert fig["rejections"]["total"] is None and fig["throughput"]["total_tokens"] is None
+    assert fig["communication"]["bytes_sent"] is None and fig["baseline_goodput"]["ratio"] is None
+    assert fig["rejoined"] is None and fig["run"]["all_training_at_s"] is None
+    assert fig["outcome"]["failed"] and len(fig["outcome"]["failed_nodes"]) == 2
+    md = to_markdown(fig)
+    assert md.splitlines()[2].startswith("**The run failed**: every node failed (2 of 2); no node trained")
+    for row in ("goodput", "replica agreement", "updates rejected", "restarted nodes rejoined", "tokens trained"):
+        assert f"| {row} | n/a |" in md, row
+    assert "| nodes failed | 2 | node 0: exited by itself with status 2; node 1: exited by itself with status 2 |" in md

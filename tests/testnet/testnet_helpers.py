@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -17,11 +18,13 @@ def fake_specs(run_dir: Path, n: int) -> list[NodeSpec]:
     return prepare_nodes(run_dir, n, seed=0)
 
 
-def fake_argv(*flags: str, failing: set[int] = frozenset()):
-    """An `ArgvBuilder` that starts `fake_node.py` (with `flags`; nodes in `failing` die before LISTENING)."""
+def fake_argv(*flags: str, failing: set[int] = frozenset(), per_node: Mapping[int, Sequence[str]] | None = None):
+    """An `ArgvBuilder` that starts `fake_node.py` (with `flags`; nodes in `failing` die before LISTENING;
+    node i also gets `per_node[i]`)."""
 
     def build(spec: NodeSpec, gossip_port: int, http_port: int, peers) -> list[str]:
         extra = list(flags) + (["--die-before-listening"] if spec.index in failing else [])
+        extra += list((per_node or {}).get(spec.index, ()))
         return [*spec.exec_prefix, sys.executable, FAKE_NODE, "--listen", f"{spec.host}:{gossip_port}",
                 "--http", f"{spec.host}:{http_port}", "--peer-id", spec.peer_id,
                 "--checkpoint-dir", str(spec.checkpoint_dir), "--peers", ",".join(peers), *extra]
