@@ -3,9 +3,11 @@
 Contract:
 - Every ledger operation runs in a worker thread (`trio.to_thread.run_sync`) under one `trio.Lock`, so
   the ledger (not thread-safe) has one user at a time and its numpy work never blocks the trio loop.
-- Catch-up: after every add, while an update is held for a slot past the open one, the open slot is
-  closed. An update for slot t proves its sender closed slot t-1, so this node is behind; closing
-  never runs ahead of the updates it holds (invariant: `slot <= max target slot of any update held`).
+- Catch-up: after every add and close, while updates are held for a slot past the open one, the open
+  slot is closed — as far as `protocol.ledger.catchup` allows: at once to a slot that two origins (or
+  every connected peer, if fewer) are at or past, but on the word of one origin by one slot at most and
+  no sooner than `pace()`'s gap after the last close, so no single node moves the replica faster than
+  the run's rounds. Closing never runs ahead of the updates it holds (`slot <= max held target slot`).
 - `set_hash` is an order-independent hash of the set of update ids the ledger has seen (applied, held,
   dropped or orphaned). `agreement_hex()` combines it with the ledger's placement sum (which update sits
   at which slot, `protocol.ledger.fork`): two replicas with the same seen ids and the same placements
@@ -36,7 +38,7 @@ import numpy as np
 import trio
 
 from protocol.ledger import (ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload, UpdateMeta,
-                             reconcile)
+                             catch_up_target, reconcile)
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "agreement_hex"]
 
@@ -101,10 +103,19 @@ class Adopted:
 
 
 def _catch_up(ledger: Ledger) -> list[ClosedSlot]:
+    """Close slots until no update is held past the open slot (an adopted state; no pace rule)."""
     closed = []
     while ledger.held_future() and max(ledger.held_future()) > ledger.slot + 1:
         closed.append(ledger.close_slot())
     return closed
+
+
+def _paced_catch_up(ledger: Ledger, peers: int, now: float, last_close_at: float | None,
+                    min_gap_s: float) -> list[ClosedSlot]:
+    """Close slots up to `protocol.ledger.catchup.catch_up_target` (see the module docstring)."""
+    target = catch_up_target(ledger.slot + 1, ledger.held_future_origins(), peers=peers, now=now,
+                             last_close_at=last_close_at, min_gap_s=min_gap_s)
+    return [ledger.close_slot() for _ in range(target - ledger.slot - 1)]
 
 
 class Replica:
@@ -120,6 +131,9 @@ class Replica:
         self.version = 0  # +1 per change
         self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
+        # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
+        self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
+        self._last_close_at: float | None = None  # trio time of the last slot close
         self._install(ledger, seen_ids)
 
     def _install(self, ledger: Ledger, seen_ids: Iterable[bytes]) -> None:
@@ -187,9 +201,11 @@ class Replica:
         catch-up closes. Raises `RemoteProtocolError` (nothing changed) for a bad update; returns the
         outcome and the slots closed by catch-up."""
 
+        catch_up = self._catch_up_now()
+
         def work() -> tuple[Outcome, list[ClosedSlot]]:
             outcome = self._ledger.add(meta, deltas, payload=payload)
-            return outcome, self._catch_up()
+            return outcome, catch_up()
 
         outcome, closed = await self._run(work)
         self.outcomes[outcome.value] += 1
@@ -199,10 +215,15 @@ class Replica:
         self._notify()
         return outcome, closed
 
-    def _catch_up(self) -> list[ClosedSlot]:
-        return _catch_up(self._ledger)
+    def _catch_up_now(self) -> Callable[[], list[ClosedSlot]]:
+        """The paced catch-up, with the pace read now (on the trio thread), to run in the worker thread."""
+        peers, gap = self.pace()
+        now, last = trio.current_time(), self._last_close_at
+        return lambda: _paced_catch_up(self._ledger, peers, now, last, gap)
 
     def _count(self, closed: list[ClosedSlot], why: str = "catch-up") -> None:
+        if closed:
+            self._last_close_at = trio.current_time()
         for i, c in enumerate(closed):
             self.closed_here += 1
             self.released += c.released
@@ -211,7 +232,8 @@ class Replica:
 
     async def close_open(self, why: str = "policy") -> ClosedSlot:
         """Close the open slot (an outer step), then catch up. `why` is for the log line."""
-        closed = await self._run(lambda: [self._ledger.close_slot(), *self._catch_up()])
+        catch_up = self._catch_up_now()
+        closed = await self._run(lambda: [self._ledger.close_slot(), *catch_up()])
         self._count(closed, why)
         self._notify()
         return closed[0]

@@ -12,7 +12,7 @@ A round, in order (`Rounds.run_round`):
    late update folded in) the round follows it (`node.rebase`: train through the slot close, so no node
    idles while a slot fills). If that slot is still open when the round ends, it is closed then. With
    `--adaptive-steps` (the default) the round ends when the peers' measured round time is used up (at
-   least one step), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
+   least H/8 steps, `MIN_ROUND_FRACTION`), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
    current step; an interrupted round publishes nothing.
 3. Δ = θ_base (moved) − θ_local, compressed with error feedback; signed header with base_slot = the slot
    the round last followed and publish_slot = the replica's slot *now*; published; the dequantized Δ
@@ -50,7 +50,7 @@ from p2p import Host
 from protocol.compression import ErrorFeedback
 from protocol.ledger import Outcome, Payload, SlotClosePolicy
 
-__all__ = ["PeerRoundClock", "Rounds", "ShouldStop"]
+__all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
 
 log = logging.getLogger("node.rounds")
 
@@ -61,19 +61,29 @@ def _smoothed(old: float | None, new: float) -> float:
 
 class PeerRoundClock:
     """Peers' round durations, measured as the time between two updates of the same origin: as they are
-    (when is a peer's next update due) and scaled to a full round of H steps (how long a round takes)."""
+    (when is a peer's next update due) and scaled to a full round of H steps (how long a round takes).
+
+    Times are *publication* times (a header's seqno: its sender's clock, microseconds), not arrival
+    times: updates that arrive together — the history a (re)connecting peer announces, a backlog after a
+    partition — would otherwise measure rounds of ~0 s, and a node that just restarted would cut its own
+    rounds to one step each (measured: a burst of 1-step rounds, one slot each). An update published
+    before the newest one seen from its origin is not a new round and is ignored."""
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
         self._interval: dict[str, float] = {}
         self._full_round: dict[str, float] = {}
 
-    def observe(self, origin: str, now: float, steps: int | None = None, full_steps: int | None = None) -> None:
-        """An update of `origin` arrived at `now`; its round did `steps` of the run's `full_steps` (H)."""
+    def observe(self, origin: str, published_at: float, steps: int | None = None,
+                full_steps: int | None = None) -> None:
+        """An update of `origin` published at `published_at` (Unix seconds) came in; its round did `steps`
+        of the run's `full_steps` (H)."""
         last = self._last.get(origin)
-        self._last[origin] = now
-        if last is not None and now > last:
-            interval = now - last
+        if last is not None and published_at <= last:
+            return
+        self._last[origin] = published_at
+        if last is not None:
+            interval = published_at - last
             self._interval[origin] = _smoothed(self._interval.get(origin), interval)
             scale = full_steps / steps if steps and full_steps and 0 < steps < full_steps else 1.0
             self._full_round[origin] = _smoothed(self._full_round.get(origin), interval * scale)
@@ -100,12 +110,20 @@ class PeerRoundClock:
         return n
 
 
-class ShouldStop:
-    """`InnerLoop.run`'s should_stop for one round (called in the worker thread before each step)."""
+MIN_ROUND_FRACTION = 1 / 8  # an adaptive round never ends before this share of H steps
 
-    def __init__(self, stop: Callable[[], bool], slowdown: Slowdown, budget_s: float | None) -> None:
+
+class ShouldStop:
+    """`InnerLoop.run`'s should_stop for one round (called in the worker thread before each step): a stop
+    request ends the round before the next step; the time budget (`--adaptive-steps`) only once
+    `min_steps` ran, so that an update always stands for real work (a node whose budget came out near
+    zero would otherwise publish a burst of one-step rounds)."""
+
+    def __init__(self, stop: Callable[[], bool], slowdown: Slowdown, budget_s: float | None,
+                 min_steps: int = 1) -> None:
         self.stop, self.slowdown = stop, slowdown
         self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.min_steps = max(1, min_steps)
         self.calls = 0
 
     def __call__(self) -> bool:
@@ -113,7 +131,7 @@ class ShouldStop:
         self.calls += 1
         if self.stop():
             return True
-        return self.calls > 1 and self.deadline is not None and time.monotonic() >= self.deadline
+        return self.calls > self.min_steps and self.deadline is not None and time.monotonic() >= self.deadline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +259,8 @@ class Rounds:
         shift = BaseShift(await self._base(self.pending), self.replica.slot)
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
-        should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget())
+        should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),
+                                 min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
         result, compressed = await self._train_through_close(shift, should_stop, phases)
         base_slot = shift.applied_slot
         clock.lap("train_hop")

@@ -286,12 +286,12 @@ class NodeRuntime:
         return m.slot
 
     def _follow_run_schedule(self, synced_slot: int | None) -> None:
-        """A node without a checkpoint of its own that synced a running training's state takes the run's
-        position in the learning-rate schedule instead of warming up from step 0 (its pseudo-gradients
-        would dwarf those of nodes far down the cosine). The run's inner step is estimated as
-        `slot * inner_steps`: a slot closes about once per round of the run. Only moves forward; a node
-        resumed from its own checkpoint keeps the checkpoint's position. Call only between rounds."""
-        if synced_slot is None or self.stats.resumed_round is not None:
+        """A node that synced a running training's state — a joiner, or a node restarted from a checkpoint
+        older than the run — takes the run's position in the learning-rate schedule instead of going on
+        from step 0 or from its checkpoint's step (its pseudo-gradients would dwarf those of nodes further
+        down the cosine). The run's inner step is estimated as `slot * inner_steps`: a slot closes about
+        once per round of the run. Only moves forward. Call only between rounds."""
+        if synced_slot is None:
             return
         run_step = synced_slot * self.settings.inner_steps
         if run_step > self.loop.schedule_step:
@@ -305,9 +305,16 @@ class NodeRuntime:
             stats=self.stats, policy=self.policy, shapes=self.shapes, heldout=self.heldout,
             checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
         self.state_server.replica = self.replica
+        self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
         self._progress("training")
         self._background.start_soon(self._intake)
+
+    def _catch_up_pace(self) -> tuple[int, float]:
+        """For `Replica.pace`: connected peers, and the least time between slot closes on one origin's
+        word — half the run's measured round (`protocol.ledger.catchup`)."""
+        round_s = self.rounds.peer_clock.target_seconds() if self.rounds is not None else None
+        return len(self.host.connected_peers()), 0.5 * (round_s or 0.0)
 
     async def _repair(self, peer: str) -> None:
         """Pull the updates `peer` holds and we missed (see `node.repair`); one comparison per peer at a
@@ -384,7 +391,7 @@ class NodeRuntime:
             return
         now = self.host.now()
         self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
-        self.rounds.peer_clock.observe(header.origin, now, header.inner_steps, self.settings.inner_steps)
+        self.rounds.peer_clock.observe(header.origin, header.seqno / 1e6, header.inner_steps, self.settings.inner_steps)
         self.rounds.payloads.append((meta.target_slot, header.payload_sha256.hex()))
         stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
         log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",

@@ -7,6 +7,7 @@ merged. ``testnet.benchmarks.ledger_fold`` and ``protocol.ledger.demo`` are scri
 """
 
 from protocol.ledger.aggregate import aggregate
+from protocol.ledger.catchup import catch_up_target
 from protocol.ledger.config import Aggregation, LedgerConfig, Outcome, StalePolicy, UpdateMeta, Weighting
 from protocol.ledger.fork import LedgerView, Totals, Verdict, compatible, reconcile
 from protocol.ledger.ledger import ClosedSlot, Ledger
@@ -35,6 +36,7 @@ __all__ = [
     "Verdict",
     "Weighting",
     "aggregate",
+    "catch_up_target",
     "compatible",
     "fold_coefficients",
     "reconcile",

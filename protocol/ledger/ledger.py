@@ -171,6 +171,10 @@ class Ledger:
         """Number of held updates per future slot."""
         return {s: len(es) for s, es in sorted(self._held.items())}
 
+    def held_future_origins(self) -> dict[int, frozenset[str]]:
+        """The origins of the updates held per future slot (the evidence `protocol.ledger.catchup` weighs)."""
+        return {s: frozenset(e.meta.origin for e in es) for s, es in sorted(self._held.items())}
+
     def has_seen(self, update_id: bytes) -> bool:
         return update_id in self._seen
 

@@ -73,3 +73,19 @@ def test_should_stop_honours_the_budget_but_always_allows_one_step() -> None:
     assert not any(unlimited() for _ in range(100))
     requested = ShouldStop(lambda: True, Slowdown(1.0), budget_s=None)
     assert requested() is True, "a stop request ends the round before the next step"
+
+
+def test_should_stop_lets_the_budget_end_a_round_only_after_its_minimum_steps() -> None:
+    stop = ShouldStop(lambda: False, Slowdown(1.0), budget_s=0.0, min_steps=4)
+    assert [stop() for _ in range(5)] == [False] * 4 + [True], "four steps run however small the budget"
+    requested = ShouldStop(lambda: True, Slowdown(1.0), budget_s=None, min_steps=4)
+    assert requested() is True, "a stop request still ends the round at once"
+
+
+def test_peer_round_clock_measures_publication_times_so_a_replayed_burst_is_not_a_round() -> None:
+    clock = PeerRoundClock()
+    for published in (100.0, 110.0, 120.0):  # three updates 10 s apart, all arriving in one burst
+        clock.observe("a", published, 50, 50)
+    assert math.isclose(clock.target_seconds(), 10.0), "the burst's arrival times do not matter"
+    clock.observe("a", 105.0, 50, 50)  # an older one, announced late: not a new round
+    assert math.isclose(clock.target_seconds(), 10.0)
