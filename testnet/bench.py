@@ -1,11 +1,20 @@
 """Benchmarks of the issue's claims, each a real testnet run (or two) measured against a baseline taken
 in the same invocation:
 
-    python -m testnet.bench goodput   # 6 nodes, one random kill every 30 s, 15 s downtime, vs data-parallel
+    python -m testnet.bench goodput                  # 6 nodes, one random kill every 30 s, 15 s downtime
+    python -m testnet.bench goodput --no-faults-run  # ... then the same testnet without kills, to compare
+    python -m testnet.bench goodput --slow 5:4       # kills and node 5 four times slower
     python -m testnet.bench slow      # one node 4x slower vs all uniform: fast nodes' tokens/s and the loss
 
-`goodput` targets: goodput >= 0.9 and >= 2x data-parallel's under the same kill schedule (failures stall
-every data-parallel worker until the failed one trains again, times measured in the run).
+`goodput` targets (issue "Self-healing that heals": the nodes must keep learning through the kills, not
+only keep busy): held-out bpb ÷ data-parallel's at equal tokens <= 1.08; held-out bpb below data-parallel's
+under the same kills at equal wall time (data-parallel modelled: it stalls whenever a worker is down, see
+`testnet.quality`); goodput >= 0.85; no held-out evaluation of a never-killed node more than 5% above its
+previous one after any restart (`testnet.loss_jumps`); and, from the earlier issue, goodput >= 2x
+data-parallel's under the same kill schedule. `--no-faults-run` (off by default: it doubles the time)
+also runs the same testnet, seed and slow nodes without kills (no baseline, no solo run) and prints the
+held-out bpb ratio kills ÷ no kills at equal wall time and at equal tokens, the price of the faults.
+`--from-runs RUN [NO_FAULTS_RUN]` recomputes the figures of earlier run directories instead of running.
 `slow` targets: the fast nodes' tokens/s >= 0.95 of the uniform run's; held-out loss at most 2% above the
 uniform run's (the issue's "within 2%": a slow node must not hurt; a lower loss passes), both at the end
 of the run (same wall time) and at the same number of tokens (each a mean over a window of evaluations:
@@ -26,7 +35,10 @@ from typing import Any
 import numpy as np
 import trio
 
-from testnet.cli import Options, run_testnet
+from testnet.cli import Options, build_plan, run_testnet
+from testnet.faults import PlanError
+from testnet.loss_jumps import banner
+from testnet.quality import bpb_near_tokens, last_eval_tokens
 from testnet.report import write_report
 
 __all__ = ["bpb_near_tokens", "main"]
@@ -50,29 +62,42 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def bpb_near_tokens(report: dict[str, Any], tokens: float, width: float = 0.2) -> float | None:
-    """Mean held-out bpb of the honest nodes' evaluations made when all nodes together had trained
-    between (1 - width) x tokens and tokens (a window, since single evaluations are noisy)."""
-    values = [p[2] for node in report["run"]["honest_nodes"] for p in report["curves"]["nodes"].get(str(node), [])
-              if (1 - width) * tokens <= p[0] <= tokens]
-    return float(np.mean(values)) if values else None
+def _target(label: str, figure: str, ok: bool | None) -> None:
+    """One target line: the figure and met / NOT met (n/a when the figure was not measured)."""
+    print(f"  {label:<62} {figure:>9}  {'n/a' if ok is None else _verdict(ok)}")
 
 
 def _last_eval_tokens(report: dict[str, Any]) -> float:
     """The token count up to which every honest node has evaluations."""
-    lasts = [pts[-1][0] for n in report["run"]["honest_nodes"] if (pts := report["curves"]["nodes"].get(str(n)))]
-    return min(lasts) if lasts else 0.0
+    return last_eval_tokens(report["curves"]["nodes"], report["run"]["honest_nodes"])
+
+
+def _compare_loss(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any], float]:
+    """Held-out bpb of two runs: (late means, same-wall-time), (window means at the same tokens), tokens."""
+    tokens = min(_last_eval_tokens(a), _last_eval_tokens(b))
+    return ((a["quality"]["late_mean_bpb"], b["quality"]["late_mean_bpb"]),
+            (bpb_near_tokens(a, tokens), bpb_near_tokens(b, tokens)), tokens)
+
+
+def _goodput_options(a: argparse.Namespace, *, faults: bool) -> Options:
+    return Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0 if faults else 0.0, downtime=15.0, seed=a.seed,
+                   baseline=a.baseline and faults, out=a.out, progress="plain", model=a.model,
+                   inner_steps=a.inner_steps, solo_seconds=a.solo_seconds if faults else 0.0, slow=tuple(a.slow))
 
 
 def bench_goodput(a: argparse.Namespace) -> None:
-    o = Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0, downtime=15.0, seed=a.seed, baseline=a.baseline,
-                out=a.out, progress="plain", model=a.model, inner_steps=a.inner_steps, solo_seconds=a.solo_seconds)
-    r = _run(o)
+    if a.from_runs:
+        r, clean = _reload(Path(a.from_runs[0])), _reload(Path(a.from_runs[1])) if len(a.from_runs) > 1 else None
+    else:
+        r = _run(_goodput_options(a, faults=True))
+        clean = _run(_goodput_options(a, faults=False)) if a.no_faults_run else None
     gp, dp = r["goodput"]["value"], r["baseline_goodput"]["same_failures"]
-    print(f"\n== goodput: {a.nodes} nodes, {a.minutes:g} min, H={a.inner_steps}, one random kill every 30 s, 15 s "
-          f"downtime (seed {a.seed}; {r['run']['restarts']} restarts; run {r['run_dir']})")
-    print(f"goodput {gp:.3f} (from launch {r['goodput']['from_launch']:.3f}); data-parallel, same kills "
-          f"{dp:.3f} (stalled {r['baseline_goodput']['stalled_s']:.0f} of {r['run']['window_s']:.0f} s)")
+    run = r["run"]
+    slow = "; slow " + ", ".join(a.slow) if a.slow else ""
+    print(f"\n== goodput: {run['nodes']} nodes, {run['duration_s'] / 60:.1f} min, H={run['inner_steps']}, one random "
+          f"kill every 30 s, 15 s downtime{slow} (seed {run['seed']}; {run['restarts']} restarts; run {r['run_dir']})")
+    print(f"goodput {_f(gp)} (from launch {_f(r['goodput']['from_launch'])}); data-parallel, same kills "
+          f"{_f(dp)} (model; stalled {r['baseline_goodput']['stalled_s']:.0f} of {run['window_s']:.0f} s)")
     print(f"nodes never killed: goodput {r['goodput']['never_killed']}; overlap (steps/s in the network / alone, "
           f"same machine load) {r['overlap']['value']}; communication ratio {r['communication']['ratio']}x less "
           f"than ring all-reduce")
@@ -83,11 +108,44 @@ def bench_goodput(a: argparse.Namespace) -> None:
     if joins:
         print(f"restarted processes, start -> first contributed update: median {np.median(joins):.1f} s "
               f"(min {min(joins):.1f}, max {max(joins):.1f}, {len(joins)} processes)")
-    print(f"held-out bpb: nodes {r['quality']['mean_final_bpb']}, data-parallel at the same tokens "
-          f"{r['quality']['baseline_final_bpb']}")
-    print(f"targets:\n  goodput >= 0.9                 {gp:.3f}  {_verdict(gp >= 0.9)}")
-    ratio = gp / dp if dp else float("inf")
-    print(f"  goodput >= 2x data-parallel    {ratio:.2f}x  {_verdict(ratio >= 2)}")
+    q = r["quality"]
+    tok, wall, jumps = q["at_equal_tokens"], q["at_equal_wall_time"], r["loss_after_restarts"]
+    print(f"held-out bpb at equal tokens ({tok['tokens_from']:,}..{tok['tokens_to']:,}, {tok['evaluations']} "
+          f"evaluations): nodes {_f(tok['nodes_bpb'])}, data-parallel {_f(tok['dp_bpb'])} (measured)")
+    print(f"held-out bpb at equal wall time (from {wall['from_s']} s, {wall['evaluations']} evaluations): nodes "
+          f"{_f(wall['nodes_bpb'])}, data-parallel under the same kills {_f(wall['dp_same_failures_bpb'])} (modelled)")
+    print(f"loss after restarts: {jumps['jumps']} jumps > {jumps['threshold']:.0%} after "
+          f"{jumps['restarts_with_jumps']} of {len(jumps['restarts'])} restarts ({jumps['evaluations_compared']} "
+          f"evaluations of never-killed nodes {jumps['observers']} compared)"
+          + (f"; {jumps['note']}" if jumps["note"] else ""))
+    alert = banner(jumps)
+    if alert:
+        print(alert)
+    if clean is not None:
+        _print_no_faults(r, clean)
+    print("targets:")
+    ratio_tokens, ratio_wall = tok["ratio"], wall["ratio"]
+    _target("held-out bpb / data-parallel, equal tokens <= 1.08", _f(ratio_tokens),
+            None if ratio_tokens is None else ratio_tokens <= 1.08)
+    _target("held-out bpb below data-parallel, same kills, equal wall time", _f(ratio_wall),
+            None if ratio_wall is None else ratio_wall < 1)
+    _target("goodput >= 0.85", _f(gp), None if gp is None else gp >= 0.85)
+    rose = jumps["loss_rose"]
+    _target("no loss jump > 5% of a never-killed node after a restart",
+            "n/a" if rose is None else f"{jumps['jumps']} jumps", None if rose is None else not rose)
+    ratio = gp / dp if gp is not None and dp else None
+    _target("goodput >= 2x data-parallel, same kills (model)", "n/a" if ratio is None else f"{ratio:.2f}x",
+            None if ratio is None else ratio >= 2)
+
+
+def _print_no_faults(r: dict[str, Any], clean: dict[str, Any]) -> None:
+    """The held-out bpb of the run with kills against the same testnet without (ratio kills ÷ no kills)."""
+    (end_k, end_c), (at_k, at_c), tokens = _compare_loss(r, clean)
+    print(f"without kills (run {clean['run_dir']}; goodput {_f(clean['goodput']['value'])}):")
+    print(f"  held-out bpb at equal wall time (mean of the last 20% of each run): kills {_f(end_k)}, no kills "
+          f"{_f(end_c)} -> ratio {_f(end_k / end_c if end_k is not None and end_c else None)}")
+    print(f"  held-out bpb at equal tokens ({0.8 * tokens:,.0f}..{tokens:,.0f}): kills {_f(at_k)}, no kills "
+          f"{_f(at_c)} -> ratio {_f(at_k / at_c if at_k is not None and at_c else None)}")
 
 
 def bench_slow(a: argparse.Namespace) -> None:
@@ -105,9 +163,7 @@ def bench_slow(a: argparse.Namespace) -> None:
     if None in tps_u or None in tps_s:
         raise SystemExit(f"a fast node reported no throughput: uniform {tps_u}, slowed {tps_s}")
     tps_ratio = float(np.mean(tps_s) / np.mean(tps_u))
-    end_u, end_s = uniform["quality"]["late_mean_bpb"], slowed["quality"]["late_mean_bpb"]
-    tokens = min(_last_eval_tokens(uniform), _last_eval_tokens(slowed))
-    at_u, at_s = bpb_near_tokens(uniform, tokens), bpb_near_tokens(slowed, tokens)
+    (end_u, end_s), (at_u, at_s), tokens = _compare_loss(uniform, slowed)
     minutes = uniform["run"]["duration_s"] / 60
     print(f"\n== slow node: {a.nodes} nodes, node {slow_node} {a.factor:g}x slower vs uniform, {minutes:.1f} min each "
           f"(runs {uniform['run_dir']}, {slowed['run_dir']})")
@@ -145,11 +201,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="goodput: skip the data-parallel training run (its quality figure); the data-parallel "
                         "goodput under the same kills is computed from the schedule either way")
-    p.add_argument("--from-runs", nargs=2, metavar=("UNIFORM", "SLOWED"),
-                   help="slow: recompute the figures from two earlier run directories instead of running")
+    p.add_argument("--no-faults-run", action="store_true",
+                   help="goodput: then run the same testnet without kills (no baseline, no solo run) and print the "
+                        "held-out bpb ratio kills / no kills at equal wall time and tokens (off by default: it "
+                        "doubles the time)")
+    p.add_argument("--slow", action="append", default=[], metavar="NODE:FACTOR",
+                   help="goodput: also slow NODE down FACTOR times, in every run (repeatable; as diloco-testnet "
+                        "--slow)")
+    p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
+                   help="recompute the figures from earlier run directories instead of running: slow: UNIFORM "
+                        "SLOWED; goodput: RUN [NO_FAULTS_RUN]")
     a = p.parse_args(argv)
+    if a.which == "slow" and a.slow:
+        p.error("--slow is for goodput; the slow benchmark slows its last node by --factor")
+    if a.from_runs and len(a.from_runs) != 2 and a.which == "slow":
+        p.error("--from-runs: slow needs UNIFORM SLOWED")
+    if a.from_runs and len(a.from_runs) > 2:
+        p.error("--from-runs: goodput takes RUN [NO_FAULTS_RUN]")
     if a.inner_steps is None:
         a.inner_steps = 50 if a.which == "goodput" else 20
+    if a.which == "goodput" and not a.from_runs:
+        try:
+            build_plan(_goodput_options(a, faults=True))  # --slow checked before anything runs
+        except PlanError as e:
+            p.error(str(e))
     (bench_goodput if a.which == "goodput" else bench_slow)(a)
     return 0
 

@@ -47,7 +47,7 @@ from testnet.outcome import RunFailed, assess
 from testnet.procs import GroupRegistry, NodeStartError
 from testnet.progress import Progress
 from testnet.record import Recorder, RunMeta, load_run
-from testnet.report import to_markdown, write_report
+from testnet.report import alerts, to_markdown, write_report
 from testnet.supervisor import ArgvBuilder, ChaosPartitioner, NetnsPartitioner, Supervisor
 from testnet.timeline import Timeline
 from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
@@ -274,7 +274,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         await _baseline(o, run_dir, meta, registry)
     fig = write_report(run_dir)
     _say(to_markdown(fig))
-    for warning in warnings:
+    for warning in warnings + alerts(fig):
         _say(f"warning: {warning}")
     _say(f"report: {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'loss.png'}")
     return run_dir

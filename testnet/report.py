@@ -29,10 +29,18 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   before the node's clock began, thread hops, the loop between rounds); phases ending in `_bg` ran in
   the background, alongside the others, and are not subtracted.
 - outcome: the verdict of `testnet.outcome` (did the run fail, which nodes failed and why).
+- held-out loss against data-parallel (`quality.at_equal_tokens`, `quality.at_equal_wall_time`; see
+  `testnet.quality`): at equal tokens against the measured baseline; at equal wall time against
+  data-parallel under this run's failures, modelled from the baseline (it stalls whenever a worker is
+  down, like the goodput model above), over the honest nodes' evaluations in the last 20% of the run.
+- loss jumps after restarts (`loss_after_restarts`, `testnet.loss_jumps`): evaluations of never-killed
+  nodes more than 5% above their previous one shortly after a restart; when there is one, `alerts` says
+  so, first in `report.md` and last in `diloco-testnet`'s output.
 
 A figure that was not measured is `null` in the JSON and "n/a" in the table, never a value: with no
 `/status` answer at all, goodput, rejections, byte and token counts; agreement without any digest seen; "restarted
-nodes rejoined" without a restarted process that could join. The data-parallel figures are a model, not
+nodes rejoined" without a restarted process that could join; loss jumps without a restart or without an
+evaluation to compare. The data-parallel goodput figures, and its loss at equal wall time, are a model, not
 a measurement: the table marks them "(model)" and "(assumed)", the JSON says so in `basis`.
 """
 
@@ -45,32 +53,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from testnet.faults import merge_intervals
+from testnet.loss_jumps import banner, loss_after_restarts
 from testnet.outcome import assess
+from testnet.quality import at_equal_tokens, at_equal_wall_time, dp_curve, stretch
 from testnet.record import RunRecord, load_run
 from testnet.timeline import Timeline, clip_length
 
-__all__ = ["compute", "dp_bytes_per_step", "main", "stretch", "to_markdown", "write_report"]
+__all__ = ["alerts", "compute", "dp_bytes_per_step", "main", "stretch", "to_markdown", "write_report"]
 
 
 def dp_bytes_per_step(nodes: int, params: int) -> float:
     """Bytes each worker sends per step in a ring all-reduce of fp32 gradients."""
     return 2 * (nodes - 1) / nodes * 4 * params
-
-
-def stretch(compute_s: float, start: float, stalls: list[tuple[float, float]]) -> float:
-    """The wall time at which `compute_s` seconds of work started at `start` finish, if no work happens
-    during `stalls`."""
-    t, remaining = start, compute_s
-    for a, b in merge_intervals(stalls):
-        if b <= t:
-            continue
-        if a > t:
-            if remaining <= a - t:
-                return t + remaining
-            remaining -= a - t
-        t = max(t, b)
-    return t + remaining
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
@@ -200,9 +194,15 @@ def _curves(tl: Timeline, honest: tuple[int, ...], start: float, step_s: float |
             row[1] = _round(start + work - tl.t_launch, 3)
             row[2] = _round(stretch(work, start, stalls) - tl.t_launch, 3)
         baseline.append(row)
-    return {"nodes": nodes, "baseline": baseline,
+    restarts = [[tl.total_at("tokens", tl.started(inc)), _round(tl.started(inc) - tl.t_launch, 2), inc.node]
+                for inc in tl.restarts()]
+    model = dp_curve(points, start, stalls, step_s) if step_s is not None and points else []
+    return {"nodes": nodes, "baseline": baseline, "restarts": restarts,
+            "duration_s": _round(tl.t_end - tl.t_launch, 2),
+            "dp_same_failures": [[_round(t - tl.t_launch, 3), _round(bpb)] for t, bpb in model],
             "columns": {"nodes": ["tokens_all_nodes", "seconds", "bpb"],
-                        "baseline": ["tokens", "seconds_no_failures", "seconds_same_failures", "bpb"]}}
+                        "baseline": ["tokens", "seconds_no_failures", "seconds_same_failures", "bpb"],
+                        "restarts": ["tokens_all_nodes", "seconds", "node"], "dp_same_failures": ["seconds", "bpb"]}}
 
 
 def compute(record: RunRecord) -> dict[str, Any]:
@@ -244,14 +244,19 @@ def compute(record: RunRecord) -> dict[str, Any]:
     net_rate = statistics.mean(step_rates.values()) if step_rates else None
     overlap = net_rate / statistics.mean(solo_rates) if net_rate and solo_rates else None
     step_s = 1.0 / net_rate if net_rate else None
-    slow_max = max(factors)
+    dp_step_s = None if step_s is None else step_s * max(factors)  # data-parallel: the slowest worker's pace
 
     total, per_reason_node = _rejections(tl) if answered else (None, {})
     joins, rejoined = _joins(tl)
     finals = {n: pts[-1][1] for n in honest if (pts := tl.eval_points(n))}
     late_from = tl.t_launch + 0.8 * (tl.t_end - tl.t_launch)  # single evaluations are noisy: also average
-    late = [bpb for n in honest for t, bpb in tl.eval_points(n) if t >= late_from]  # the last 20% of the run
+    late_evals = [(t, bpb) for n in honest for t, bpb in tl.eval_points(n) if t >= late_from]  # last 20% of the run
+    late = [bpb for _, bpb in late_evals]
     base_points = (record.baseline or {}).get("points", [])
+    curves = _curves(tl, honest, start, dp_step_s, stalls)
+    equal_tokens = at_equal_tokens(curves["nodes"], honest, base_points)
+    equal_time = at_equal_wall_time(late_evals, base_points, start=start, stalls=stalls, step_s=dp_step_s)
+    equal_time["from_s"] = _round(late_from - tl.t_launch, 2)
     base_final = base_points[-1][2] if base_points else None
     mean_final = statistics.mean(finals.values()) if finals else None
     return {
@@ -287,9 +292,15 @@ def compute(record: RunRecord) -> dict[str, Any]:
                     "late_mean_bpb": _round(statistics.mean(late)) if late else None, "late_evaluations": len(late),
                     "baseline_final_bpb": _round(base_final),
                     "ratio_to_baseline": _round(mean_final / base_final) if mean_final and base_final else None,
-                    "baseline_tokens": base_points[-1][1] if base_points else None},
-        "curves": _curves(tl, honest, start, None if step_s is None else step_s * slow_max, stalls),
+                    "baseline_tokens": base_points[-1][1] if base_points else None,
+                    "at_equal_tokens": _rounded(equal_tokens), "at_equal_wall_time": _rounded(equal_time)},
+        "loss_after_restarts": loss_after_restarts(tl, [n for n in honest if n not in killed]),
+        "curves": curves,
     }
+
+
+def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _round(v) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def _fmt(value: Any, spec: str = ".3f", tag: str = "") -> str:
@@ -305,6 +316,7 @@ def to_markdown(fig: dict[str, Any]) -> str:
     """The report's table (one row per figure) plus join times and rejections."""
     run, gp, dp, comm = fig["run"], fig["goodput"], fig["baseline_goodput"], fig["communication"]
     ag, q, ov, outcome = fig["agreement"], fig["quality"], fig["overlap"], fig["outcome"]
+    at_time, at_tokens, jumps = q["at_equal_wall_time"], q["at_equal_tokens"], fig["loss_after_restarts"]
     rejected = fig["rejections"]["total"]
     rows = [
         ("goodput", _fmt(gp["value"]), f"from launch {_fmt(gp['from_launch'])}; nodes never killed "
@@ -314,6 +326,17 @@ def to_markdown(fig: dict[str, Any]) -> str:
         ("data-parallel goodput, no failures", _fmt(dp["no_failures"], tag=" (assumed)"),
          "not measured: perfect scaling, the slowest worker sets the pace"),
         ("goodput ÷ data-parallel", _fmt(dp["ratio"], ".2f"), ""),
+        ("held-out bpb ÷ data-parallel, same failures, equal wall time", _fmt(at_time["ratio"], tag=" (model)"),
+         f"nodes {_fmt(at_time['nodes_bpb'])}, data-parallel {_fmt(at_time['dp_same_failures_bpb'])} (modelled: "
+         f"the fault-free baseline stalled by this run's outages and partitions) at the moments of the "
+         f"{at_time['evaluations']} evaluations from {at_time['from_s']} s on"
+         + (f"; {at_time['left_out']} left out (the model past the baseline's tokens)" if at_time["left_out"] else "")),
+        ("held-out bpb ÷ data-parallel, equal tokens", _fmt(at_tokens["ratio"]),
+         f"nodes {_fmt(at_tokens['nodes_bpb'])}, data-parallel {_fmt(at_tokens['dp_bpb'])} (measured) at the "
+         f"{at_tokens['evaluations']} evaluations at {at_tokens['tokens_from']:,}..{at_tokens['tokens_to']:,} "
+         "tokens"),
+        ("loss jump after restart", _yes_no(jumps["loss_rose"], f"YES ({jumps['jumps']})", "none"),
+         _jumps_detail(jumps)),
         ("communication ratio (all-reduce ÷ ours)", _fmt(comm["ratio"], ".1f"),
          f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step; "
          f"once all train (no start-up state downloads) {_fmt(comm.get('steady_ratio'), '.1f')}"),
@@ -337,6 +360,8 @@ def to_markdown(fig: dict[str, Any]) -> str:
         out += [f"**The run failed**: {'; '.join(outcome['problems'])}.", ""]
     if run["interrupted"]:
         out += ["**Interrupted**: the run was stopped before its end.", ""]
+    banners = alerts(fig)
+    out += [f"**{line}**" for line in banners] + ([""] if banners else [])
     out += ["| figure | value | detail |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     shares = (fig.get("time") or {}).get("never_killed", {}).get("fractions")
@@ -346,7 +371,34 @@ def to_markdown(fig: dict[str, Any]) -> str:
     out += ["", "| node | process | join (s) | recovery after kill (s) | killed |", "|---|---|---|---|---|"]
     out += [f"| {j['node']} | {j['process']} | {_fmt(j['join_s'], '.1f')} | {_fmt(j['recovery_s'], '.1f')} | "
             f"{'yes' if j['killed'] else ''} |" for j in fig["joins"]]
+    if jumps["restarts"]:
+        out += ["", f"Held-out evaluations of never-killed nodes (observers {jumps['observers']}) more than "
+                f"{jumps['threshold']:.0%} above their previous one, from each restart through their next "
+                f"{jumps['evals_after_join']} evaluations after the restarted process's first update:", "",
+                "| restarted node | process | at (s) | first update (s) | loss jumps (node: bpb before -> after) |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['node']} | {r['process']} | {r['at_s']:.1f} | {_fmt(r['joined_at_s'], '.1f')} | "
+                + ("; ".join(f"node {j['node']} at {j['at_s']:.0f} s: {j['before']:.3f} -> {j['after']:.3f} "
+                             f"(+{j['rise']:.1%})" for j in r["jumps"]) or "none") + " |" for r in jumps["restarts"]]
     return "\n".join(out) + "\n"
+
+
+def _jumps_detail(jumps: dict[str, Any]) -> str:
+    if jumps["loss_rose"] is None:
+        return jumps["note"]
+    detail = (f"{jumps['restarts_with_jumps']} of {len(jumps['restarts'])} restarts followed by an evaluation of a "
+              f"never-killed node > {jumps['threshold']:.0%} above its previous one "
+              f"({jumps['evaluations_compared']} compared)")
+    worst = jumps["worst"]
+    return detail + ("" if worst is None else f"; worst node {worst['node']} {worst['before']:.3f} -> "
+                     f"{worst['after']:.3f} (+{worst['rise']:.1%}) at {worst['at_s']:.0f} s")
+
+
+def alerts(fig: dict[str, Any]) -> list[str]:
+    """Sentences that must not go unseen (report.md's first lines, `diloco-testnet`'s last): today, a
+    held-out loss that rose after a restart (`testnet.loss_jumps`)."""
+    line = banner(fig["loss_after_restarts"])
+    return [line] if line else []
 
 
 def write_report(run_dir: Path) -> dict[str, Any]:
@@ -356,7 +408,9 @@ def write_report(run_dir: Path) -> dict[str, Any]:
     fig = compute(load_run(run_dir))
     (run_dir / "report.json").write_text(json.dumps(fig, indent=1) + "\n")
     (run_dir / "report.md").write_text(to_markdown(fig))
-    plot_loss(fig["curves"], run_dir / "loss.png", title=f"{fig['run']['nodes']} nodes, {fig['run']['model']}")
+    jumps = sorted({(j["at_s"], j["after"]) for r in fig["loss_after_restarts"]["restarts"] for j in r["jumps"]})
+    plot_loss(fig["curves"], run_dir / "loss.png", title=f"{fig['run']['nodes']} nodes, {fig['run']['model']}",
+              jumps=jumps)
     return fig
 
 

@@ -138,6 +138,19 @@ class Timeline:
             out.append((inc.killed_at, back))
         return sorted(out)
 
+    def restarts(self) -> list[Incarnation]:
+        """The processes started after their node's previous process was killed, by start time
+        (`started`)."""
+        out = [inc for (node, i), inc in self.incs.items()
+               if i > 0 and (prev := self.incs.get((node, i - 1))) is not None and prev.killed_at is not None]
+        return sorted(out, key=self.started)
+
+    def started(self, inc: Incarnation) -> float:
+        """When a process started: its launch event, else its first sample, else the run's end."""
+        if inc.launched_at is not None:
+            return inc.launched_at
+        return inc.samples[0][0] if inc.samples else self.t_end
+
     def partitions(self) -> list[tuple[float, float]]:
         return [(self.t_launch + p.start, self.t_launch + p.end) for p in self.plan.partitions]
 
