@@ -136,9 +136,10 @@ class Replica:
         self._last_close_at: float | None = None  # trio time of the last slot close
         self._install(ledger, seen_ids)
 
-    def _install(self, ledger: Ledger, seen_ids: Iterable[bytes]) -> None:
+    def _install(self, ledger: Ledger, seen: Iterable[bytes] | IdSetHash) -> None:
+        """Make `ledger` the replica's (trio thread; `seen`: its seen ids, or their hash already made)."""
         self._ledger = ledger
-        self.set_hash = IdSetHash(seen_ids)
+        self.set_hash = seen if isinstance(seen, IdSetHash) else IdSetHash(seen)
         self._digests: tuple[bytes, bytes] | None = None
         self._refresh()
 
@@ -182,17 +183,15 @@ class Replica:
         self._changed = trio.Event()
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the ledger in a worker thread under the lock; refresh the views there too (even
-        when `fn` raises), so they never see a half-done operation."""
-
-        def work() -> T:
+        """Run `fn` on the ledger in a worker thread under the lock, then refresh the views on the trio
+        thread (even when `fn` raises). Thread-safety: only the worker thread touches the ledger, one
+        operation at a time (the lock); the views (`slot`, `held`, ...) are written and read on the trio
+        thread only, so a trio task sees them as of the last finished operation, never half-done."""
+        async with self._lock:
             try:
-                return fn()
+                return await trio.to_thread.run_sync(fn)
             finally:
                 self._refresh()
-
-        async with self._lock:
-            return await trio.to_thread.run_sync(work)
 
     # ---- operations -------------------------------------------------------------------------------
     async def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray],
@@ -257,6 +256,10 @@ class Replica:
         """The global parameters θ_slot (float32 copies)."""
         return await self._run(self._ledger.params)
 
+    async def params_at(self) -> tuple[int, dict[str, np.ndarray]]:
+        """(slot, θ_slot) taken together: the slot the parameters belong to, whatever closes meanwhile."""
+        return await self._run(lambda: (self._ledger.slot, self._ledger.params()))
+
     async def digests(self) -> tuple[bytes, bytes]:
         """(ledger digest, params digest) of the current state; cached until the next change."""
         if self._digests is None:
@@ -287,7 +290,8 @@ class Replica:
         """Adopt another ledger (a state sync); outcome counters of this process are kept."""
         self.pending = None
         async with self._lock:
-            await trio.to_thread.run_sync(self._install, ledger, seen_ids)
+            set_hash = await trio.to_thread.run_sync(IdSetHash, seen_ids)  # hashing every id: off the loop
+            self._install(ledger, set_hash)
         self._notify()
 
     # ---- fork choice (protocol.ledger.fork) --------------------------------------------------------
@@ -341,20 +345,20 @@ class Replica:
             log.info("dropped the proposed state of %s: it has moved on since", proposal.origin)
             return None
 
-        def work() -> tuple[int, int, list[ClosedSlot]] | None:
+        def work() -> tuple[int, int, list[ClosedSlot], Ledger, IdSetHash] | None:
             if not reconcile(self._ledger.view(), proposal.view).adopt:
                 return None
             new = proposal.ledger
             carried, orphaned = new.carry_from(self._ledger)
             closed = _catch_up(new)
-            self._install(new, new.seen_ids())
-            return carried, orphaned, closed
+            return carried, orphaned, closed, new, IdSetHash(new.seen_ids())
 
         done = await self._run(work)
         if done is None:
             log.info("dropped the proposed state of %s: ours has changed and is no lighter now", proposal.origin)
             return None
-        carried, orphaned, closed = done
+        carried, orphaned, closed, new, set_hash = done
+        self._install(new, set_hash)  # on the trio thread, before any other operation can start
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned

@@ -216,8 +216,8 @@ class Rounds:
         """The parameters a round trains from: the global ones, minus this node's own update while that
         update's slot is open (`node.rebase`: its own progress stands in for the slot's aggregate).
         The subtraction runs in a worker thread: it is a pass over every parameter."""
-        params = await self.replica.params()
-        if pending is not None and self.replica.slot < pending.slot:
+        slot, params = await self.replica.params_at()  # not `replica.slot` after: a close may come between
+        if pending is not None and slot < pending.slot:
             await trio.to_thread.run_sync(_subtract, params, pending.delta)
         return params
 

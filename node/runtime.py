@@ -219,7 +219,7 @@ class NodeRuntime:
                               accept=accept_hook(self.shapes))
 
     async def _prepare(self) -> None:
-        """Data, inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
+        """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
         its parameters, without running the initialisers), else from the seed's initial parameters."""
         cfg = self.cfg
 
