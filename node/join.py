@@ -297,5 +297,5 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
 
 def _no_peer(host: Host) -> str:
     """What a node with no connected peer is waiting for, and why its dials failed."""
-    failures = [f"{addr}: {f.why} ({f.tries} tries)" for addr, f in host.dial_failures.items()]
+    failures = [f"{addr}: {why}" for addr, why in host.dial_failures.describe().items()]
     return "a connection to a peer" + (f"; failed dials: {'; '.join(failures)}" if failures else "")

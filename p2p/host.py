@@ -36,6 +36,7 @@ from p2p.blobstore import BlobStore
 from p2p.config import HostConfig
 from p2p.connection import Connection
 from p2p.counters import Counters
+from p2p.dials import DialFailures
 from p2p.errors import AddressError, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.transport import dial, format_addr, listener_addr, open_listener
@@ -59,18 +60,6 @@ class Delivery:
     @property
     def body(self) -> UpdateHeader | Goodbye | StateManifest:
         return self.message.body
-
-
-@dataclass(frozen=True)
-class DialFailure:
-    """Why the last dial of an address failed, how many dials in a row did, and when (host clock)."""
-
-    why: str
-    tries: int
-    at: float
-
-
-MAX_DIAL_FAILURES = 64  # addresses remembered in `Host.dial_failures` (oldest dropped first)
 
 
 @dataclass(frozen=True)
@@ -102,7 +91,7 @@ class Host:
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known
         self._seqnos = SeqnoSource()
-        self.dial_failures: dict[str, DialFailure] = {}  # address -> the last failed dial, until one works
+        self.dial_failures = DialFailures(config.bootstrap)  # the last failed dial per address, until one works
         self._conns: dict[int, Connection] = {}
         self._next_conn = 0
         self._inbox_send, self.inbox = trio.open_memory_channel[Delivery](math.inf)
@@ -133,10 +122,6 @@ class Host:
         name = await trio.to_thread.run_sync(self.store.put_file, path)
         self._execute(self.router.blob_stored(name, self.now()))
         return name
-
-    def blob_path(self, name: str) -> Path:
-        """Path of a stored, verified blob (KeyError if absent)."""
-        return self.store.path(name)
 
     async def publish_update(
         self,
@@ -244,7 +229,7 @@ class Host:
             "mesh": sorted(self.router.mesh),
             "known_peers": len(self.router.table),
             "pending_blobs": len(self.router.pending),
-            "dial_failures": {a: f"{f.why} ({f.tries} tries)" for a, f in self.dial_failures.items()},
+            "dial_failures": self.dial_failures.describe(),
             "counters": self.counters.snapshot(),
         }
 
@@ -358,17 +343,6 @@ class Host:
         else:
             log.debug("dropped a %s frame to %s: send queue full", kind, action.peer)
 
-    def _dial_failed(self, address: str, why: str) -> None:
-        """Remember and log why a dial of `address` failed: a bootstrap address as a warning (a typo in
-        `--peers` must not go unnoticed), others at info level (peers that left are redialled)."""
-        tries = self.dial_failures[address].tries + 1 if address in self.dial_failures else 1
-        self.dial_failures[address] = DialFailure(why, tries, self.now())
-        while len(self.dial_failures) > MAX_DIAL_FAILURES:
-            self.dial_failures.pop(next(iter(self.dial_failures)))
-        bootstrap = address in self.config.bootstrap
-        log.log(logging.WARNING if bootstrap else logging.INFO, "cannot reach %s%s (try %d): %s",
-                "bootstrap peer " if bootstrap else "", address, tries, why)
-
     # ---- connections ------------------------------------------------------------------------------
 
     async def _on_inbound(self, stream: trio.SocketStream) -> None:
@@ -380,7 +354,7 @@ class Host:
         try:
             stream = await dial(action.address, self.config.dial_timeout_s)
         except TransportError as exc:
-            self._dial_failed(action.address, str(exc))
+            self.dial_failures.failed(action.address, str(exc), self.now())
             self._execute(self.router.dial_failed(action.address, self.now()))
             return
         await self._run_connection(stream, outbound=True, remote=action.address, dialed=action.address, expected=action.peer)
@@ -413,7 +387,7 @@ class Host:
                     return
                 self.counters.events["connects"] += 1
                 if dialed is not None:
-                    self.dial_failures.pop(dialed, None)
+                    self.dial_failures.succeeded(dialed)
                 log.info("connected %s %s %s (conn %d)", hello.peer_id, "to" if outbound else "from", remote, conn.id)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop, conn)
@@ -446,12 +420,12 @@ class Host:
             self._execute([Reject(who, exc.reason, f"handshake: {exc.detail}")])
             conn.close(f"handshake refused: {exc.reason.value}")
             if conn.outbound:
-                self._dial_failed(conn.remote, f"handshake refused: {exc}")
+                self.dial_failures.failed(conn.remote, f"handshake refused: {exc}", self.now())
         except (TransportError, trio.TooSlowError) as exc:
             log.debug("handshake with %s failed: %r", conn.remote, exc)
             conn.close("handshake failed")
             if conn.outbound:
-                self._dial_failed(conn.remote, f"handshake failed: {exc or 'no answer in time'}")
+                self.dial_failures.failed(conn.remote, f"handshake failed: {exc or 'no answer in time'}", self.now())
         else:
             assert handshake.peer is not None
             conn.authenticated(handshake.peer.peer_id)
@@ -520,4 +494,4 @@ async def run(config: HostConfig, *, task_status: trio.TaskStatus[Host] = trio.T
     await host._serve(task_status)
 
 
-__all__ = ["DialFailure", "Delivery", "Host", "PeerStatus", "run"]
+__all__ = ["Delivery", "Host", "PeerStatus", "run"]

@@ -15,7 +15,7 @@ import ipaddress
 
 from protocol.messages import split_addr
 
-__all__ = ["address_problem", "is_loopback_host", "is_wildcard_host"]
+__all__ = ["address_problem", "is_loopback_host", "is_wildcard_host", "peer_address_problem"]
 
 _WILDCARD_NAMES = frozenset({"", "*", "0", "0.0.0.0", "::", "::0", "0:0:0:0:0:0:0:0"})
 
@@ -58,3 +58,10 @@ def address_problem(addr: str, *, remote_host: str | None = None, own: frozenset
     if remote_host is not None and is_loopback_host(host) and not is_loopback_host(remote_host):
         return f"{addr} is a loopback address, sent from another host ({remote_host})"
     return None
+
+
+def peer_address_problem(gossip_addr: str, http_addr: str, *, remote_host: str | None = None,
+                         own: frozenset[str] = frozenset()) -> str | None:
+    """The first problem of a peer's two advertised addresses (empty ones: not advertised, fine)."""
+    problems = (address_problem(a, remote_host=remote_host, own=own) for a in (gossip_addr, http_addr) if a)
+    return next((p for p in problems if p), None)

@@ -225,3 +225,12 @@ def decode(data: bytes) -> AnyMessage:
         return Signed(body, _SIGNATURE_CHECK(obj[2], "signature"))
     except _SchemaError as exc:
         raise RemoteProtocolError(Reason.BAD_SCHEMA, str(exc)) from None
+
+
+def signed_message_id(data: bytes) -> bytes | None:
+    """The message id of a frame body that decodes to a signed (gossiped) message, else None."""
+    try:
+        message = decode(data)
+    except RemoteProtocolError:
+        return None
+    return message.message_id if isinstance(message, Signed) else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 
 from protocol import signing
-from protocol.addresses import address_problem
+from protocol.addresses import peer_address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity
 from protocol.messages import PROTOCOL_VERSION, Hello, HelloProof, Message, PeerInfo
@@ -104,7 +104,6 @@ class Handshake:
         """The peer's advertised addresses must be able to reach it (`protocol.addresses`): a wildcard,
         one of our own, or a loopback address sent from another host would reach us instead."""
         own = frozenset(a for a in (self.hello.gossip_addr, self.hello.http_addr) if a)
-        for addr in (hello.gossip_addr, hello.http_addr):
-            problem = addr and address_problem(addr, remote_host=self.remote_host, own=own)
-            if problem:
-                raise RemoteProtocolError(Reason.BAD_ADDRESS, f"advertised {problem}")
+        problem = peer_address_problem(hello.gossip_addr, hello.http_addr, remote_host=self.remote_host, own=own)
+        if problem:
+            raise RemoteProtocolError(Reason.BAD_ADDRESS, f"advertised {problem}")

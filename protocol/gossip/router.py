@@ -47,7 +47,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from protocol import wire
-from protocol.addresses import address_problem
+from protocol.addresses import peer_address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip.actions import Action, Deliver, Dial, Disconnect, Reject, Send
 from protocol.gossip.backoff import DialSchedule
@@ -191,11 +191,11 @@ class Router:
         except RemoteProtocolError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return [Reject(peer, exc.reason, ""), *self._on_duplicate(peer, wire.decode(data), now)]
-            if exc.reason is Reason.REPLAYED and (asked := _signed_id(data)) in self._iwant_asked:
+            if exc.reason is Reason.REPLAYED and (asked := wire.signed_message_id(data)) in self._iwant_asked:
                 self.validator.seen.add(asked, now)  # we forgot we accepted it: our fault; do not re-ask
                 return [Reject(peer, exc.reason, "asked for with IWANT")]
             out = self._refuse(peer, exc.reason, exc.detail, now)
-            if peer in self.peers and _signed_id(data) is None:
+            if peer in self.peers and wire.signed_message_id(data) is None:
                 # PROTOCOL.md section 9: a broken control message means a broken or hostile peer
                 self._drop(peer)
                 out.append(Disconnect(peer, conn, f"bad control message: {exc.reason.value}"))
@@ -296,8 +296,7 @@ class Router:
         own = frozenset((self.local.gossip_addr, self.local.http_addr))
         out: list[Action] = []
         for info in infos:
-            problems = (address_problem(a, own=own) for a in (info.gossip_addr, info.http_addr) if a)
-            problem = next((p for p in problems if p), None)
+            problem = peer_address_problem(info.gossip_addr, info.http_addr, own=own)
             if problem is not None and info.peer_id != self.local.peer_id:
                 out.append(Reject(peer, Reason.BAD_ADDRESS, f"address of {info.peer_id}: {problem}"))
             elif problem is None:
@@ -485,15 +484,6 @@ class Router:
     def set_progress(self, slot: int, round_: int, state: str) -> None:
         """What our heartbeats tell peers about this node (slot, round, a short state word)."""
         self.progress = (slot, round_, state)
-
-
-def _signed_id(data: bytes) -> bytes | None:
-    """The message id of a refused frame that carried a signed (gossiped) message, else None."""
-    try:
-        message = wire.decode(data)
-    except RemoteProtocolError:
-        return None
-    return message.message_id if isinstance(message, Signed) else None
 
 
 _HANDLERS: dict[type, Callable[[Router, str, object, float], list[Action]]] = {
