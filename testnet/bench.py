@@ -19,6 +19,9 @@ held-out bpb ratio kills ÷ no kills at equal wall time and at equal tokens, the
 uniform run's (the issue's "within 2%": a slow node must not hurt; a lower loss passes), both at the end
 of the run (same wall time) and at the same number of tokens (each a mean over a window of evaluations:
 single held-out evaluations of a moving replica are noisy).
+Both benchmarks first run every node alone for `--solo-seconds` (45 s): the goodput run's overlap
+figure, and the pace from which the learning-rate schedule spans the run (`testnet.horizon`), as a real
+training's schedule ends with it; the second run of an invocation trains on the same schedule.
 On a shared CPU a slowed node sleeps and frees cycles for the others, so tokens/s ratios above 1 mean
 "not slowed down", not a speed-up a real cluster would see.
 """
@@ -46,7 +49,13 @@ __all__ = ["bpb_near_tokens", "main"]
 
 def _run(o: Options) -> dict[str, Any]:
     run_dir = trio.run(run_testnet, o)
-    return json.loads((run_dir / "report.json").read_text()) | {"run_dir": str(run_dir)}
+    return _with_overrides(json.loads((run_dir / "report.json").read_text()) | {"run_dir": str(run_dir)})
+
+
+def _with_overrides(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` with the run's `--set` items as the nodes got them (`run.json`)."""
+    meta = json.loads((Path(report["run_dir"]) / "run.json").read_text())
+    return report | {"config_overrides": meta.get("extra", {}).get("config_overrides", [])}
 
 
 def _f(x: float | None) -> str:
@@ -55,7 +64,7 @@ def _f(x: float | None) -> str:
 
 def _reload(run_dir: Path) -> dict[str, Any]:
     """The report of an earlier run, recomputed from its records."""
-    return write_report(run_dir) | {"run_dir": str(run_dir)}
+    return _with_overrides(write_report(run_dir) | {"run_dir": str(run_dir)})
 
 
 def _verdict(ok: bool) -> str:
@@ -79,10 +88,17 @@ def _compare_loss(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[Any, Any]
             (bpb_near_tokens(a, tokens), bpb_near_tokens(b, tokens)), tokens)
 
 
-def _goodput_options(a: argparse.Namespace, *, faults: bool) -> Options:
+def _same_schedule(first: dict[str, Any]) -> tuple[str, ...]:
+    """The `--set` items of an earlier run in this invocation, so a second run trains on the same
+    learning-rate schedule (its horizon was measured from the first run's solo phase)."""
+    return tuple(first.get("config_overrides") or ())
+
+
+def _goodput_options(a: argparse.Namespace, *, faults: bool, overrides: tuple[str, ...] = ()) -> Options:
     return Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0 if faults else 0.0, downtime=15.0, seed=a.seed,
                    baseline=a.baseline and faults, out=a.out, progress="plain", model=a.model,
-                   inner_steps=a.inner_steps, solo_seconds=a.solo_seconds if faults else 0.0, slow=tuple(a.slow))
+                   inner_steps=a.inner_steps, solo_seconds=a.solo_seconds if faults else 0.0, slow=tuple(a.slow),
+                   overrides=overrides)
 
 
 def bench_goodput(a: argparse.Namespace) -> None:
@@ -90,7 +106,7 @@ def bench_goodput(a: argparse.Namespace) -> None:
         r, clean = _reload(Path(a.from_runs[0])), _reload(Path(a.from_runs[1])) if len(a.from_runs) > 1 else None
     else:
         r = _run(_goodput_options(a, faults=True))
-        clean = _run(_goodput_options(a, faults=False)) if a.no_faults_run else None
+        clean = _run(_goodput_options(a, faults=False, overrides=_same_schedule(r))) if a.no_faults_run else None
     gp, dp = r["goodput"]["value"], r["baseline_goodput"]["same_failures"]
     run = r["run"]
     slow = "; slow " + ", ".join(a.slow) if a.slow else ""
@@ -154,9 +170,9 @@ def bench_slow(a: argparse.Namespace) -> None:
     slow_node = a.nodes - 1
     if a.from_runs:
         uniform, slowed = (_reload(Path(d)) for d in a.from_runs)
-    else:
-        uniform = _run(Options(**common))
-        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",)))
+    else:  # the uniform run's solo phase sets the schedule's horizon; the slowed run trains on the same
+        uniform = _run(Options(**common, solo_seconds=a.solo_seconds))
+        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",), overrides=_same_schedule(uniform)))
     fast = [str(n) for n in range(a.nodes) if n != slow_node]
     tps_u = [uniform["throughput"]["tokens_per_s"].get(n) for n in fast]
     tps_s = [slowed["throughput"]["tokens_per_s"].get(n) for n in fast]
@@ -191,7 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--factor", type=float, default=4.0, help="slow node's factor (slow benchmark)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--solo-seconds", type=float, default=45.0, help="solo run for the overlap figure (goodput)")
+    p.add_argument("--solo-seconds", type=float, default=45.0,
+                   help="solo run before the (first) run: the overlap figure (goodput), and the pace from which the "
+                        "learning-rate schedule spans the run (both benchmarks; 0: the preset's schedule)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--inner-steps", type=int, default=None,
                    help="inner steps per round (default: 50 for goodput, 20 for slow). Goodput uses 50: a "

@@ -42,6 +42,7 @@ import trio
 from testnet.baseline_run import BaselineError, baseline_argv, baseline_steps, run_baseline_child
 from testnet.checks import UsageError, check_data, check_writable_dir
 from testnet.faults import FaultPlan, PlanError, make_plan, parse_misbehave, parse_partition, parse_slow
+from testnet.horizon import Pace, horizon_steps
 from testnet.nodes import NodeSettings, NodeSpec, node_argv, node_env, prepare_nodes
 from testnet.outcome import RunFailed, assess
 from testnet.procs import GroupRegistry, NodeStartError
@@ -91,20 +92,25 @@ class Options:
     overrides: tuple[str, ...] = ()
     jax_cache: str = "auto"
     plan_only: bool = False
+    paced_total_steps: int | None = None  # set by the testnet from the solo run's pace (`testnet.horizon`)
 
-    def config_overrides(self) -> tuple[str, ...]:
-        """`--set` items for the nodes and the baseline. With `--rounds` and no `total_steps` given, the
-        inner learning-rate schedule spans the run, `total_steps = rounds × inner_steps` (when that is
-        longer than the warmup; a shorter run keeps the preset's schedule)."""
+    def schedule_horizon(self) -> int | None:
+        """The inner schedule's `total_steps` the testnet sets, or None (the preset's, or `--set`'s):
+        with no `total_steps` given, the schedule spans the run: `rounds × inner_steps` with `--rounds`,
+        else the horizon measured from the solo run's pace; a horizon inside the warmup is not used."""
         from node.config import preset
 
-        given = any(item.partition("=")[0].strip().endswith("total_steps") for item in self.overrides)
-        if self.rounds is None or given:
-            return self.overrides
-        horizon = self.rounds * self.inner_steps
-        if horizon <= preset(self.model).with_overrides_from_strings(self.overrides).inner.warmup_steps:
-            return self.overrides
-        return (*self.overrides, f"total_steps={horizon}")
+        if any(item.partition("=")[0].strip().endswith("total_steps") for item in self.overrides):
+            return None
+        horizon = self.rounds * self.inner_steps if self.rounds is not None else self.paced_total_steps
+        if horizon is None or horizon <= preset(self.model).with_overrides_from_strings(self.overrides).inner.warmup_steps:
+            return None
+        return horizon
+
+    def config_overrides(self) -> tuple[str, ...]:
+        """`--set` items for the nodes and the baseline, with the schedule's horizon (`schedule_horizon`)."""
+        horizon = self.schedule_horizon()
+        return self.overrides if horizon is None else (*self.overrides, f"total_steps={horizon}")
 
     def jax_cache_dir(self) -> Path | None:
         """Where the nodes share JAX's compilation cache (`auto`: OUT/jax-cache; `none`: no cache)."""
@@ -190,9 +196,9 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
         (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
 
 
-async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry) -> list[float]:
+async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry) -> tuple[list[float], list[float]]:
     """Every node alone (no peers), all at once so the machine is as loaded as in the testnet; returns
-    their inner steps/s while training."""
+    their inner steps/s while training and their seconds from launch to training."""
     solo_dir = run_dir / "solo"
     specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
@@ -202,12 +208,29 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
     await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
                      registry=registry, bootstrap=False)
     tl = Timeline(load_run(solo_dir))
-    rates = []
+    rates, startups = [], []
     for node in range(o.nodes):
         pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
         if sum(p[1] for p in pairs) > 0:
             rates.append(sum(p[0] for p in pairs) / sum(p[1] for p in pairs))
-    return rates
+        startups += [inc.ready_at - inc.launched_at for inc in tl.of(node)
+                     if inc.ready_at is not None and inc.launched_at is not None]
+    return rates, startups
+
+
+def _pace_schedule(o: Options, rates: list[float], startups: list[float]) -> Options:
+    """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`); slowed nodes do not
+    set the pace."""
+    slowed = {node for node, _ in (parse_slow(s) for s in o.slow)}
+    pace = Pace.of([r for node, r in enumerate(rates) if node not in slowed], startups)
+    if pace is None:
+        return o
+    paced = dataclasses.replace(o, paced_total_steps=horizon_steps(pace, o.minutes * 60))
+    if o.rounds is None and paced.schedule_horizon() is not None:
+        _say(f"learning-rate schedule: cosine over {paced.paced_total_steps} inner steps, the run's length at "
+             f"the solo run's pace ({pace.steps_per_second:.2f} steps/s x ({o.minutes * 60:g} s - "
+             f"{pace.startup_s:.1f} s start-up))")
+    return paced
 
 
 async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry | None = None) -> Path:
@@ -244,23 +267,27 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             else:
                 _say(f"WAN emulation off: {support.reason}; running on loopback")
                 wan_desc = f"off ({support.reason})"
-        settings = NodeSettings(run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps,
-                                eval_every=o.eval_every, eval_batches=o.eval_batches, max_rounds=o.rounds,
-                                seed=o.seed, data=o.data, compression=o.compression, overrides=o.config_overrides(),
-                                allow_chaos=bool(plan.partitions) and network is None, extra_args=o.node_args)
-
         def default_builder(specs: list) -> ArgvBuilder:
+            settings = NodeSettings(
+                run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps, eval_every=o.eval_every,
+                eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
+                overrides=o.config_overrides(), allow_chaos=bool(plan.partitions) and network is None,
+                extra_args=o.node_args)
             return lambda spec, gp, hp, peers: node_argv(spec, settings, gossip_port=gp, http_port=hp, peers=peers)
 
         builder = argv_builder or default_builder
-        solo_rates = await _solo(o, run_dir, builder, registry) if o.solo_seconds > 0 else None
+        solo_rates = None
+        if o.solo_seconds > 0:
+            solo_rates, startups = await _solo(o, run_dir, builder, registry)
+            o = _pace_schedule(o, solo_rates, startups)
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
                               hosts=[network.host(i) for i in range(o.nodes)] if network else None,
                               exec_prefixes=[network.exec_prefix(i) for i in range(o.nodes)] if network else None,
                               slow=dict(plan.slow), misbehave=dict(plan.misbehave))
         meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs],
                        wan=wan_desc, data=list(o.data), compression=o.compression, seed=o.seed,
-                       extra={"param_count": _param_count(o.model, o.config_overrides()), "options": _jsonable(o)})
+                       extra={"param_count": _param_count(o.model, o.config_overrides()), "options": _jsonable(o),
+                              "config_overrides": list(o.config_overrides())})
         if solo_rates is not None:
             (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": solo_rates}))
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
@@ -355,7 +382,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
     a("--solo-seconds", type=float, default=0.0, metavar="S",
-      help="first run every node alone for S seconds, for the overlap figure (default 0 = skip)")
+      help="first run every node alone for S seconds, for the overlap figure; without --rounds it also sets the "
+           "learning-rate schedule to span the run at the measured pace (default 0 = skip)")
     a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")
     a("--progress", choices=("auto", "rich", "plain", "quiet"), default="auto",
       help="live table (rich), periodic lines (plain), events only (quiet); auto = rich on a terminal")
