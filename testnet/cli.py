@@ -196,9 +196,10 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
         (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
 
 
-async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry) -> tuple[list[float], list[float]]:
+async def _solo(o: Options, run_dir: Path, argv_builder,
+                registry: GroupRegistry) -> tuple[dict[int, float], list[float]]:
     """Every node alone (no peers), all at once so the machine is as loaded as in the testnet; returns
-    their inner steps/s while training and their seconds from launch to training."""
+    their inner steps/s while training (node -> rate) and their seconds from launch to training."""
     solo_dir = run_dir / "solo"
     specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
@@ -208,21 +209,22 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
     await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
                      registry=registry, bootstrap=False)
     tl = Timeline(load_run(solo_dir))
-    rates, startups = [], []
+    rates: dict[int, float] = {}
+    startups: list[float] = []
     for node in range(o.nodes):
         pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
         if sum(p[1] for p in pairs) > 0:
-            rates.append(sum(p[0] for p in pairs) / sum(p[1] for p in pairs))
+            rates[node] = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
         startups += [inc.ready_at - inc.launched_at for inc in tl.of(node)
                      if inc.ready_at is not None and inc.launched_at is not None]
     return rates, startups
 
 
-def _pace_schedule(o: Options, rates: list[float], startups: list[float]) -> Options:
+def _pace_schedule(o: Options, rates: dict[int, float], startups: list[float]) -> Options:
     """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`); slowed nodes do not
     set the pace."""
     slowed = {node for node, _ in (parse_slow(s) for s in o.slow)}
-    pace = Pace.of([r for node, r in enumerate(rates) if node not in slowed], startups)
+    pace = Pace.of([r for node, r in rates.items() if node not in slowed], startups)
     if pace is None:
         return o
     paced = dataclasses.replace(o, paced_total_steps=horizon_steps(pace, o.minutes * 60))
@@ -267,7 +269,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             else:
                 _say(f"WAN emulation off: {support.reason}; running on loopback")
                 wan_desc = f"off ({support.reason})"
-        def default_builder(specs: list) -> ArgvBuilder:
+        def default_builder(specs: list) -> ArgvBuilder:  # reads `o` when called: the main run gets the paced one
             settings = NodeSettings(
                 run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps, eval_every=o.eval_every,
                 eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
@@ -289,7 +291,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                        extra={"param_count": _param_count(o.model, o.config_overrides()), "options": _jsonable(o),
                               "config_overrides": list(o.config_overrides())})
         if solo_rates is not None:
-            (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": solo_rates}))
+            (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": list(solo_rates.values())}))
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
                          registry=registry, network=network)
     finally:

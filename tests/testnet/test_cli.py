@@ -69,12 +69,12 @@ def test_a_measured_pace_sets_the_schedule_of_a_timed_run() -> None:
     assert Pace.of([], [1.0]) is None
     assert Pace.of([9.0, 12.0, 10.0], []) == Pace(10.0, 0.0)
     o = parse_args(["--minutes", "5", "--nodes", "3", "--slow", "2:4", "--set", "inner.lr=1e-3"])
-    paced = _pace_schedule(o, rates=[10.0, 11.0, 2.5], startups=[8.0, 9.0, 8.0])
+    paced = _pace_schedule(o, rates={0: 10.0, 1: 11.0, 2: 2.5}, startups=[8.0, 9.0, 8.0])
     assert paced.config_overrides() == ("inner.lr=1e-3", "total_steps=3066"), "median of the unslowed: 10.5 x 292 s"
     rounds = dataclasses.replace(o, rounds=40, paced_total_steps=3060)
     assert rounds.config_overrides() == ("inner.lr=1e-3", "total_steps=800"), "--rounds wins over the pace"
     given = parse_args(["--set", "total_steps=500"])
-    assert _pace_schedule(given, [10.0], [8.0]).config_overrides() == ("total_steps=500",), "--set wins"
+    assert _pace_schedule(given, {0: 10.0}, [8.0]).config_overrides() == ("total_steps=500",), "--set wins"
     short = dataclasses.replace(parse_args([]), paced_total_steps=30)
     assert short.config_overrides() == (), "inside the warmup: the preset's"
 
