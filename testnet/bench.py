@@ -49,13 +49,7 @@ __all__ = ["bpb_near_tokens", "main"]
 
 def _run(o: Options) -> dict[str, Any]:
     run_dir = trio.run(run_testnet, o)
-    return _with_overrides(json.loads((run_dir / "report.json").read_text()) | {"run_dir": str(run_dir)})
-
-
-def _with_overrides(report: dict[str, Any]) -> dict[str, Any]:
-    """`report` with the run's `--set` items as the nodes got them (`run.json`)."""
-    meta = json.loads((Path(report["run_dir"]) / "run.json").read_text())
-    return report | {"config_overrides": meta.get("extra", {}).get("config_overrides", [])}
+    return json.loads((run_dir / "report.json").read_text()) | {"run_dir": str(run_dir)}
 
 
 def _f(x: float | None) -> str:
@@ -64,7 +58,7 @@ def _f(x: float | None) -> str:
 
 def _reload(run_dir: Path) -> dict[str, Any]:
     """The report of an earlier run, recomputed from its records."""
-    return _with_overrides(write_report(run_dir) | {"run_dir": str(run_dir)})
+    return write_report(run_dir) | {"run_dir": str(run_dir)}
 
 
 def _verdict(ok: bool) -> str:
@@ -90,8 +84,9 @@ def _compare_loss(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[Any, Any]
 
 def _same_schedule(first: dict[str, Any]) -> tuple[str, ...]:
     """The `--set` items of an earlier run in this invocation, so a second run trains on the same
-    learning-rate schedule (its horizon was measured from the first run's solo phase)."""
-    return tuple(first.get("config_overrides") or ())
+    learning-rate schedule (its horizon was measured from the first run's solo phase), from `run.json`."""
+    meta = json.loads((Path(first["run_dir"]) / "run.json").read_text())
+    return tuple(meta.get("extra", {}).get("config_overrides", ()))
 
 
 def _goodput_options(a: argparse.Namespace, *, faults: bool, overrides: tuple[str, ...] = ()) -> Options:
