@@ -45,7 +45,7 @@ from node.replica import Replica
 from node.settings import NodeSettings
 from node.status import NodeStats
 from node.train import InnerLoop, RoundResult
-from node.updates import Shapes, compress, make_delta, shapes_field, update_meta
+from node.updates import Shapes, compress, make_delta, map_blob, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
 from protocol.ledger import Outcome, Payload, SlotClosePolicy
@@ -276,7 +276,8 @@ class Rounds:
             codec=self.settings.compression, shapes=shapes_field(self.shapes))
         clock.lap("publish")
         meta = update_meta(signed)
-        outcome, _ = await self.replica.add(meta, dequantized, Payload(self.feedback.codec, payload))
+        stored = map_blob(self.host.store.path(signed.body.payload_sha256.hex()))  # kept on disk, not in memory
+        outcome, _ = await self.replica.add(meta, dequantized, Payload(self.feedback.codec, stored))
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)

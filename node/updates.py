@@ -10,6 +10,8 @@ them), refusing bad ones with a named `Reason`;
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Payload, UpdateMeta
 from protocol.messages import Signed, UpdateHeader
 
-__all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
+__all__ = ["Shapes", "accept_hook", "compress", "decode_update", "drop_pages", "make_delta", "map_blob", "shapes_field",
+           "update_meta"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -57,14 +60,34 @@ def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
     return accept
 
 
+def map_blob(path: Path) -> memoryview:
+    """A read-only memory map of a stored blob: the ledger keeps an update's payload this way, so it stays
+    on disk (the page cache's) instead of in the process. The file may be deleted while mapped."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def drop_pages(view: memoryview) -> None:
+    """Let the kernel drop the resident pages of a mapped blob (after a full pass over it): they count in
+    this process's RSS until then. No effect on a view of bytes."""
+    exporter = view.obj
+    if isinstance(exporter, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        exporter.madvise(mmap.MADV_DONTNEED)
+
+
 def decode_update(header: UpdateHeader, blob: Path | bytes,
                   shapes: Shapes) -> tuple[dict[str, np.ndarray], Payload]:
     """Float32 deltas of a fetched payload, and the payload they are the exact decode of (for
-    `Ledger.add`). Raises RemoteProtocolError (SHAPE_MISMATCH, BAD_CODEC, NON_FINITE, MALFORMED) for a
-    payload that does not fit; blocking (file read), run it in a thread."""
+    `Ledger.add`; a stored blob is kept memory-mapped, `map_blob`). Raises RemoteProtocolError
+    (SHAPE_MISMATCH, BAD_CODEC, NON_FINITE, MALFORMED) for a payload that does not fit; blocking (file
+    read), run it in a thread."""
     check_header(header, shapes)
-    data = blob.read_bytes() if isinstance(blob, Path) else bytes(blob)
+    data = map_blob(blob) if isinstance(blob, Path) else bytes(blob)
     deltas = decode_tensors(data, header.codec, dict(shapes))
+    if isinstance(data, memoryview):
+        drop_pages(data)
     return deltas, Payload(Codec(header.codec), data)
 
 

@@ -4,6 +4,7 @@ named set of tensors, and sender-side error feedback. Pure numpy; byte layout in
 
 from protocol.compression.feedback import ErrorFeedback
 from protocol.compression.formats import BLOCK_SIZE, Codec, payload_size
-from protocol.compression.tensors import decode_tensors, encode_tensors
+from protocol.compression.tensors import decode_span, decode_tensors, encode_tensors, record_offsets
 
-__all__ = ["BLOCK_SIZE", "Codec", "ErrorFeedback", "decode_tensors", "encode_tensors", "payload_size"]
+__all__ = ["BLOCK_SIZE", "Codec", "ErrorFeedback", "decode_span", "decode_tensors", "encode_tensors", "payload_size",
+           "record_offsets"]

@@ -42,11 +42,15 @@ class ErrorFeedback:
         delta = {name: as_float32_array(name, x) for name, x in delta.items()}
         if self._residual:
             _check_same_layout(self._residual, delta)
-        # np.asarray: numpy turns 0-d results into scalars.
-        corrected = {name: np.asarray(x + self._residual[name]) if self._residual else x for name, x in delta.items()}
+        # Fresh arrays (np.asarray: numpy turns 0-d results into scalars), which become the next residual in
+        # place: one model-sized buffer fewer than a separate difference.
+        corrected = {name: np.asarray(x + self._residual[name]) if self._residual else np.array(x, copy=True)
+                     for name, x in delta.items()}
         payload = encode_tensors(corrected, self.codec)
         dequantized = decode_tensors(payload, self.codec, {name: x.shape for name, x in delta.items()})
-        self._residual = {name: np.asarray(corrected[name] - dequantized[name]) for name in dequantized}
+        for name, x in corrected.items():
+            np.subtract(x, dequantized[name], out=x)
+        self._residual = corrected
         return payload, dequantized
 
     def reset(self) -> None:

@@ -90,9 +90,30 @@ def decode_tensors(
     out: dict[str, np.ndarray] = {}
     offset = 0
     for name, numel in zip(names, numels, strict=True):
-        out[name] = _DECODERS[codec](buf, offset, numel, name).reshape(shapes[name])
+        out[name] = _DECODERS[codec](buf, offset, numel, name, 0, numel).reshape(shapes[name])
         offset += tensor_bytes(numel, codec)
     return out
+
+
+def record_offsets(shapes: Mapping[str, tuple[int, ...]], codec: Codec) -> dict[str, int]:
+    """Byte offset of each tensor's record in a payload of `codec` for `shapes` (sorted-name order)."""
+    offsets, offset = {}, 0
+    for name in sorted(shapes):
+        offsets[name] = offset
+        offset += tensor_bytes(math.prod(shapes[name]), codec)
+    return offsets
+
+
+def decode_span(
+    payload: bytes | memoryview, codec: Codec, offset: int, numel: int, name: str, start: int, stop: int
+) -> np.ndarray:
+    """Elements ``[start, stop)`` of the flat tensor whose record (of `numel` elements) sits at byte
+    `offset` of `payload` (see `record_offsets`), as a fresh float32 array: the same bits as the same
+    slice of `decode_tensors`. `start` must be a multiple of BLOCK_SIZE (LocalProtocolError otherwise).
+    Checks the span's scales and codes as `decode_tensors` does (RemoteProtocolError)."""
+    if start % BLOCK_SIZE or not 0 <= start <= stop <= numel:
+        raise LocalProtocolError(f"span [{start}, {stop}) of {numel} elements must start at a block boundary")
+    return _DECODERS[codec](memoryview(payload).cast("B"), offset, numel, name, start, stop)
 
 
 # --- per-tensor records ---------------------------------------------------------------------------
@@ -120,8 +141,8 @@ def _encode_blockwise(codec: Codec, x: np.ndarray) -> list[np.ndarray]:
     return [scale_bits.astype("<u2", copy=False), np.ascontiguousarray(codes)]
 
 
-def _decode_fp32(buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
-    x = np.frombuffer(buf, dtype="<f4", count=numel, offset=offset).astype(np.float32)
+def _decode_fp32(buf: memoryview, offset: int, numel: int, name: str, start: int, stop: int) -> np.ndarray:
+    x = np.frombuffer(buf, dtype="<f4", count=stop - start, offset=offset + 4 * start).astype(np.float32)
     if x.size and not np.abs(x).max() <= MAX_ABS:
         if not np.isfinite(x).all():
             raise RemoteProtocolError(Reason.NON_FINITE, f"{name}: Inf/NaN in fp32 payload")
@@ -129,8 +150,8 @@ def _decode_fp32(buf: memoryview, offset: int, numel: int, name: str) -> np.ndar
     return x
 
 
-def _decode_bf16(buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
-    bits = np.frombuffer(buf, dtype="<u2", count=numel, offset=offset)
+def _decode_bf16(buf: memoryview, offset: int, numel: int, name: str, start: int, stop: int) -> np.ndarray:
+    bits = np.frombuffer(buf, dtype="<u2", count=stop - start, offset=offset + 2 * start)
     magnitude = bits & np.uint16(0x7FFF)
     if (magnitude > 0x7F00).any():  # 0x7F00 is 2**127
         worst = int(magnitude.max())
@@ -140,20 +161,22 @@ def _decode_bf16(buf: memoryview, offset: int, numel: int, name: str) -> np.ndar
     return bf16.widen(bits)
 
 
-def _decode_blockwise(codec: Codec, buf: memoryview, offset: int, numel: int, name: str) -> np.ndarray:
+def _decode_blockwise(
+    codec: Codec, buf: memoryview, offset: int, numel: int, name: str, start: int, stop: int
+) -> np.ndarray:
     bits = CODE_BITS[codec]
-    nblocks = num_blocks(numel)
-    scale_bits = np.frombuffer(buf, dtype="<u2", count=nblocks, offset=offset)
+    first, count = start // BLOCK_SIZE, num_blocks(stop) - start // BLOCK_SIZE
+    scale_bits = np.frombuffer(buf, dtype="<u2", count=count, offset=offset + 2 * first)
     scales = blockwise.check_scales(scale_bits, bits, name)
-    offset += 2 * nblocks
+    offset += 2 * num_blocks(numel)
     if codec is Codec.INT8:
-        codes = np.frombuffer(buf, dtype=np.uint8, count=numel, offset=offset)
+        codes = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=offset + start)
         levels = blockwise.levels_8(codes)
     else:
-        packed = np.frombuffer(buf, dtype=np.uint8, count=(numel + 1) // 2, offset=offset)
-        if numel % 2 and packed[-1] >> 4:
+        packed = np.frombuffer(buf, dtype=np.uint8, count=(stop - start + 1) // 2, offset=offset + start // 2)
+        if stop == numel and numel % 2 and packed[-1] >> 4:
             raise RemoteProtocolError(Reason.MALFORMED, f"{name}: nonzero padding nibble")
-        levels = blockwise.levels_4(packed, numel)
+        levels = blockwise.levels_4(packed, stop - start)
     return blockwise.apply_scales(levels, scales, BLOCK_SIZE)
 
 

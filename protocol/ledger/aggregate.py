@@ -26,7 +26,7 @@ import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
-from protocol.ledger.payload import Payload
+from protocol.ledger.payload import Payload, span_of
 
 __all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "coefficient", "slot_scale", "uses_radial"]
 
@@ -35,9 +35,10 @@ _F64 = np.float64
 
 @dataclass(frozen=True)
 class SlotEntry:
-    """One update applied (or held) at ``slot``: its header, weight, float32 deltas (read-only,
-    C-contiguous copies), the float64 norm of every tensor, and the encoded payload the deltas decode
-    from, when the caller had one (snapshots then store it instead of the deltas)."""
+    """One update applied (or held) at ``slot``: its header, weight, deltas, the float64 norm of every
+    tensor, and the encoded payload the deltas decode from, when the caller had one. The deltas are then
+    that payload (:class:`~protocol.ledger.payload.PayloadDeltas`, decoded span by span when read), else
+    read-only C-contiguous float32 arrays."""
 
     meta: UpdateMeta
     slot: int
@@ -102,19 +103,20 @@ def accumulate_sorted(
     ordered = sorted(entries, key=lambda e: e.meta.update_id)
     norms = {}
     for name, u in out.items():
-        terms = [(flat(e.deltas[name]), _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
+        terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
         uf, buf = flat(u), _buffer(u.size)
         parts = []
         for s in spans(uf.size):
             uc, t = uf[s], buf[: s.stop - s.start]
             if not terms:
                 uc[...] = 0.0
-            for i, (x, c) in enumerate(terms):
+            for i, (deltas, c) in enumerate(terms):
+                x = span_of(deltas, name, s)
                 if i == 0:
-                    np.copyto(uc, x[s])
+                    np.copyto(uc, x)
                     uc *= c
                 else:
-                    np.copyto(t, x[s])
+                    np.copyto(t, x)
                     t *= c
                     uc += t
             parts.append(float(np.sum(np.square(uc, out=t))))

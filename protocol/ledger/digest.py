@@ -9,17 +9,32 @@ All are SHA-256 over a domain-separated canonical encoding:
   and the open slot, in slot order)`` — equal exactly when the same ids were applied at the same slots
   and the same number of slots were closed (up to SHA-256 collisions);
 * array digest: ``H(domain ‖ for each name in sorted order: len ‖ utf-8 name ‖ dtype ‖ ndim ‖ shape ‖ raw
-  little-endian C-order bytes)``.
+  little-endian C-order bytes)``;
+* tree digest: the same, with the raw bytes of each array replaced by the concatenated SHA-256 of its
+  consecutive ``PIECE``-byte pieces (the last one shorter): one level of hash tree, so pieces are hashed
+  in parallel threads (hashlib releases the GIL) and a piece can be checked alone;
+* state digest: ``H("diloco/ledger-state/v2\0" ‖ tree digest of the window bottom (domain
+  "diloco/bottom/v2\0", arrays "theta/<name>" and "momentum/<name>" as float64) ‖ ledger digest)``: the
+  canonical state ``θ_n, v_n`` is a function of the bottom and the window's sets, so equal state digests
+  mean equal canonical parameters and momentum, bit for bit. Its cost is one hash of the bottom (16
+  bytes per parameter) per slot that leaves the window, never a replay.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
-__all__ = ["GENESIS", "array_digest", "chain_next", "ledger_digest", "slot_digest"]
+__all__ = ["GENESIS", "PIECE", "array_digest", "chain_next", "ledger_digest", "slot_digest", "state_digest",
+           "tree_digest"]
+
+#: Bytes per hashed piece of an array in a tree digest (part of the digest's definition).
+PIECE = 1 << 22
 
 GENESIS = hashlib.sha256(b"diloco/ledger-genesis/v1").digest()
 
@@ -50,16 +65,52 @@ def ledger_digest(closed_slots: int, chain: bytes, slot_digests: Iterable[bytes]
     return h.digest()
 
 
+@cache
+def _hashers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="digest")
+
+
+def _piece_hash(piece: memoryview) -> bytes:
+    return hashlib.sha256(piece).digest()
+
+
+def _header(h: "hashlib._Hash", name: str, a: np.ndarray) -> None:
+    raw_name = name.encode("utf-8")
+    h.update(len(raw_name).to_bytes(4, "big") + raw_name)
+    h.update(a.dtype.str.encode("ascii") + a.ndim.to_bytes(1, "big"))
+    for dim in a.shape:
+        h.update(dim.to_bytes(8, "big"))
+
+
+def _little_endian(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+
+
+def tree_digest(arrays: Mapping[str, np.ndarray], domain: bytes) -> bytes:
+    """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring)."""
+    ordered = {name: _little_endian(arrays[name]) for name in sorted(arrays)}
+    views = {name: memoryview(a).cast("B") for name, a in ordered.items()}
+    pieces = [v[i : i + PIECE] for v in views.values() for i in range(0, v.nbytes, PIECE)]
+    hashes = iter(_hashers().map(_piece_hash, pieces))
+    h = hashlib.sha256(domain)
+    for name, a in ordered.items():
+        _header(h, name, a)
+        for _ in range(0, a.nbytes, PIECE):
+            h.update(next(hashes))
+    return h.digest()
+
+
+def state_digest(bottom_digest: bytes, ledger: bytes) -> bytes:
+    """The state digest (module docstring) from the bottom's tree digest and the ledger digest."""
+    return hashlib.sha256(b"diloco/ledger-state/v2\0" + bottom_digest + ledger).digest()
+
+
 def array_digest(arrays: Mapping[str, np.ndarray], domain: bytes = b"diloco/arrays/v1\0") -> bytes:
     """Digest of named arrays over their exact bytes (little-endian, C order)."""
     h = hashlib.sha256(domain)
     for name in sorted(arrays):
-        a = np.asarray(arrays[name])
-        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-        raw_name = name.encode("utf-8")
-        h.update(len(raw_name).to_bytes(4, "big") + raw_name)
-        h.update(a.dtype.str.encode("ascii") + a.ndim.to_bytes(1, "big"))
-        for dim in a.shape:
-            h.update(dim.to_bytes(8, "big"))
+        a = _little_endian(arrays[name])
+        _header(h, name, a)
         h.update(memoryview(a).cast("B"))
     return h.digest()

@@ -17,8 +17,8 @@ of slots and received the same set of updates — each one while its slot was op
 the future, never after it left the window — hold the same parameters and momentum, whatever the arrival
 order and whenever they closed their slots. Precisely:
 
-* the *canonical* state (:meth:`canonical_state`, from which :meth:`params_digest`, :meth:`state_digest`
-  and :meth:`snapshot` are computed) is bit-identical: the float64 state at the bottom of the window is
+* the *canonical* state (:meth:`canonical_state`; :meth:`params_digest` and :meth:`snapshot` describe it
+  by the window bottom and the window's sets) is bit-identical: the float64 state at the bottom of the window is
   only ever stepped with canonical aggregates (each recomputed from its set in ``update_id`` order), and
   the window is replayed from it the same way (bits are guaranteed between replicas on the same numpy
   build; norms use numpy's pairwise summation, whose rounding could differ in another build);
@@ -38,15 +38,17 @@ decides between replicas whose histories can no longer be merged (a partition lo
 replica's updates to the state that replaced it.
 
 Updates that arrived after their slot left the window break the invariant by design (where they land
-depends on when they arrived); they are counted. Memory: the float32 deltas of every update in the window
-and the open slot (the exact sufficient statistic of the nonlinear radial-directional aggregate, needed
-for the canonical recomputation) and the encoded payload each was given with (int4: ~1/8 of its deltas;
-snapshots store it instead of the deltas), one float64 accumulator per live slot, float64 θ, v twice
-(working and window bottom) and one float64 scratch.
+depends on when they arrived); they are counted.
+
+Memory, per parameter (docs/outer-memory.md has the whole node's budget): each update of the window, the
+open slot and the future is kept as its encoded payload (int4: ~0.53 B), decoded span by span when a
+slot is (re)computed (an update added without a payload keeps its float32 deltas: 4 B); float64 running sums (8 B) for the open slot and the ``RUNNING_SUMS`` newest closed slots;
+float64 working θ, v (16 B) and window bottom θ, v (16 B); one float64 scratch of the largest tensor.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -60,7 +62,7 @@ from protocol.ledger.chunks import copy_with_norm, tensor_norm
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
-from protocol.ledger.payload import Payload, check_payload
+from protocol.ledger.payload import Payload, PayloadDeltas, check_payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.weights import check_meta, update_weight
@@ -68,6 +70,10 @@ from protocol.ledger.weights import check_meta, update_weight
 __all__ = ["ClosedSlot", "Ledger"]
 
 _F64 = np.float64
+#: How many of the newest closed slots keep their running sums (8 B/param each): late updates land there
+#: almost always (testnet reports). An update for an older window slot rebuilds that slot's sums from its
+#: entries' payloads, folds, and drops them again.
+RUNNING_SUMS = 1
 RELEASED = "released"  # counter: held updates moved into a newly opened slot
 ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
 
@@ -132,6 +138,7 @@ class Ledger:
         self._base = base
         self._base_theta = base_theta
         self._base_v = base_v
+        self._bottom_digest: bytes | None = None
         self._chain = chain
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
@@ -140,8 +147,10 @@ class Ledger:
         live: dict[int, list[SlotEntry]] = {s: [] for s in range(base + 1, n + 2)}
         for e in entries:
             (live if e.slot <= n + 1 else self._held).setdefault(e.slot, []).append(e)
-        self._slots = {s: LiveSlot(s, self._shapes, self.config, es) for s, es in live.items()}
-        self._scratch = {name: np.empty(shape, dtype=_F64) for name, shape in self._shapes.items()}
+        self._slots = {
+            s: LiveSlot(s, self._shapes, self.config, es, keep_sums=s > n - RUNNING_SUMS) for s, es in live.items()
+        }
+        self._scratch = np.empty(max(math.prod(shape) for shape in self._shapes.values()), dtype=_F64)
         self._theta, self._v = self.canonical_state()
 
     # -- read-only views ----------------------------------------------------------------------------
@@ -233,18 +242,20 @@ class Ledger:
             self._seen.add(meta.update_id)
             return self._count(Outcome.DROPPED_STALE)
         applied_at = n + 1 if stale else target
-        entry = self._make_entry(meta, applied_at, deltas, payload)
+        entry, now = self._make_entry(meta, applied_at, deltas, payload)
         self._seen.add(meta.update_id)
         if target > n + 1:
             self._held.setdefault(target, []).append(entry)
             return self._count(Outcome.HELD_FUTURE)
-        changes = self._slots[applied_at].add(entry)
+        changes = self._slots[applied_at].add(entry, now)
         if applied_at == n + 1:
             return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
-        u = self._slots[applied_at].u
+        slot = self._slots[applied_at]
         for name, change in changes.items():
-            fold_change(self._theta[name], self._v[name], u[name], entry.deltas[name], change, v_coef, theta_coef)
+            fold_change(self._theta[name], self._v[name], slot.u[name], now[name], change, v_coef, theta_coef)
+        if applied_at <= n - RUNNING_SUMS:
+            slot.release()  # rebuilt for this update; an older slot keeps no running sums
         return self._count(Outcome.FOLDED_LATE)
 
     def ignore(self, update_ids: Iterable[bytes]) -> int:
@@ -281,11 +292,12 @@ class Ledger:
         nesterov_step(self._theta, self._v, closing.u, closing.scales(), self.config.eta(s), self.config.momentum)
         self._n = s
         count = len(closing.entries)
-        recycled = None
+        older = self._slots.get(s - RUNNING_SUMS) if RUNNING_SUMS else closing
+        recycled = older.release() if older is not None else None
         while self._n - self._base > self.config.window:
-            recycled = self._finalize_bottom()
+            recycled = self._finalize_bottom().release() or recycled
         released = self._held.pop(s + 1, [])
-        self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released, buffers=recycled and recycled.u)
+        self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released, buffers=recycled)
         self._counters[RELEASED] += len(released)
         return ClosedSlot(slot=s, updates=count, released=len(released))
 
@@ -307,16 +319,21 @@ class Ledger:
         live = (dg.slot_digest(s, self._slots[s].ids()) for s in range(self._base + 1, self._n + 2))
         return dg.ledger_digest(self._n, self._chain, live)
 
-    def params_digest(self) -> bytes:
-        """SHA-256 of the canonical ``θ_n`` rounded to float32 (sorted names, raw bytes): exact bits."""
-        theta, _ = self.canonical_state()
-        return dg.array_digest({n: a.astype(np.float32) for n, a in theta.items()}, b"diloco/params/v1\0")
+    def bottom_digest(self) -> bytes:
+        """Tree digest of the window bottom's float64 θ and v (:mod:`protocol.ledger.digest`); computed on
+        the first call after the bottom moved, then cached."""
+        if self._bottom_digest is None:
+            arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
+                      **{"momentum/" + n: a for n, a in self._base_v.items()}}
+            self._bottom_digest = dg.tree_digest(arrays, b"diloco/bottom/v2\0")
+        return self._bottom_digest
 
-    def state_digest(self) -> bytes:
-        """SHA-256 of the canonical float64 ``θ_n`` and ``v_n`` and the ledger digest."""
-        theta, v = self.canonical_state()
-        arrays = {**{"theta/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
-        return dg.array_digest(arrays, b"diloco/ledger-state/v1\0" + self.ledger_digest())
+    def params_digest(self) -> bytes:
+        """Digest of the canonical state ``θ_n, v_n`` (what a node announces for its parameters): of the
+        window bottom and the ledger digest, which together determine that state, so equal digests mean
+        equal canonical parameters and momentum, bit for bit (:mod:`protocol.ledger.digest`, "state
+        digest"). No replay: at most one hash of the bottom, after a slot left the window."""
+        return dg.state_digest(self.bottom_digest(), self.ledger_digest())
 
     # -- snapshots ----------------------------------------------------------------------------------
     def snapshot(self) -> LedgerSnapshot:
@@ -376,7 +393,7 @@ class Ledger:
                 held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))
             ):
                 raise _bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
-            entries.append(self._make_entry(e.meta, e.slot, e.deltas, e.payload))
+            entries.append(self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0])
         self._restore(
             n,
             base,
@@ -397,13 +414,15 @@ class Ledger:
 
     def _make_entry(
         self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray], payload: Payload | None
-    ) -> SlotEntry:
+    ) -> tuple[SlotEntry, dict[str, np.ndarray]]:
+        """The entry to keep (its deltas: the payload when there is one, else the arrays) and the float32
+        arrays to apply now (the caller's, or their copies)."""
         check_payload(payload, self._shapes)
         if sorted(deltas) != list(self._shapes):
             raise RemoteProtocolError(
                 Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"
             )
-        kept: dict[str, np.ndarray] = {}
+        now: dict[str, np.ndarray] = {}
         norms: dict[str, float] = {}
         adopted = []
         for name, shape in self._shapes.items():
@@ -412,29 +431,38 @@ class Ledger:
                 raise LocalProtocolError(f"{name}: deltas must be float32 numpy arrays (dequantize first)")
             if x.shape != shape:
                 raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"{name}: shape {x.shape}, expected {shape}")
-            if x.flags.owndata and x.flags.c_contiguous:
-                kept[name], norms[name] = x, tensor_norm(x)  # adopt: no copy
+            if x.flags.c_contiguous and (x.flags.owndata or payload is not None):
+                now[name], norms[name] = x, tensor_norm(x)  # adopt (or only read, when the payload is kept)
                 adopted.append(x)
             else:
-                kept[name], norms[name] = copy_with_norm(x)
-                kept[name].flags.writeable = False
+                now[name], norms[name] = copy_with_norm(x)
+                now[name].flags.writeable = False
             if not np.isfinite(norms[name]):
                 raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
-        for x in adopted:  # only once every tensor passed: a refused update leaves the caller's arrays alone
-            x.flags.writeable = False
+        if payload is not None:
+            kept: Mapping[str, np.ndarray] = PayloadDeltas(payload, self._shapes)
+        else:
+            kept = now
+            for x in adopted:  # only once every tensor passed: a refused update leaves the caller's arrays alone
+                x.flags.writeable = False
         weight = update_weight(meta, slot, self.config)
-        return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload)
+        return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload), now
 
     def _canonical_step(self, theta: dict, v: dict, s: int) -> None:
-        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate (recomputed into the scratch)."""
-        scales = self._slots[s].canonical_into(self._scratch)
-        nesterov_step(theta, v, self._scratch, scales, self.config.eta(s), self.config.momentum)
+        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor (each one's ``u``
+        recomputed into the scratch, which holds the largest tensor)."""
+        slot, eta, mu = self._slots[s], self.config.eta(s), self.config.momentum
+        for name, shape in self._shapes.items():
+            u = self._scratch[: math.prod(shape)].reshape(shape)
+            _, scale = slot.canonical_tensor(name, u)
+            nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
 
     def _finalize_bottom(self) -> LiveSlot:
         """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.
         Returns the retired slot (its buffers can be reused)."""
         s = self._base + 1
         self._canonical_step(self._base_theta, self._base_v, s)
+        self._bottom_digest = None
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)

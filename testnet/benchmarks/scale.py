@@ -1,0 +1,233 @@
+"""Benchmark: the outer machinery at real model sizes — memory per parameter and the time of each outer step.
+
+Run: ``python -m testnet.benchmarks.scale --params 10000000 [--peers 4] [--window 8] [--codec int4]
+[--json FILE]``.
+
+Setup (real code throughout: the ledger, the codec with error feedback, snapshots, digests, payloads kept
+as memory-mapped blob files as the node keeps them): a transformer's
+tensor shapes of about ``--params`` parameters (``testnet.benchmarks.pseudograd``), one AdamW-like
+pseudo-gradient drawn over them (the codec benchmark's generator, with fewer steps at large sizes: the
+draw's values matter for compression, not for the costs measured here), and ``--peers`` senders whose
+updates are that draw times a per-update lognormal scale. Sender 0 is *this* node: its updates go through
+:class:`~protocol.compression.ErrorFeedback` (whose residual is node state); the others' are encoded and
+decoded as a receiver decodes them. The ledger closes ``window + 2`` slots with one update per peer in
+each, so its window is full and two slots are final.
+
+Printed and written (``--json``):
+
+* ``outer_bytes_per_param``: the peak resident memory of the process while the outer machinery runs (adds,
+  closes, folds, a digest), minus the resident memory before the ledger was built (with the draw already
+  held), divided by the parameter count. Sampled every 10 ms from ``/proc/self/statm`` by a thread;
+  includes every temporary (a received update's decoded deltas, compressing the own update).
+  ``steady_bytes_per_param``: the same growth between operations (no temporaries).
+* ``peak_rss_bytes``: the process's peak resident set (``ru_maxrss``), draw included.
+* ``close_s``: ``Ledger.close_slot`` with ``peers`` updates in the open slot (median of 2).
+* ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; decoding excluded).
+* ``decode_s``: decoding one received payload.
+* ``digest_s``: ``Ledger.params_digest`` right after a change (what a status request costs).
+* ``encode_s``: compressing this node's own update with error feedback.
+* ``snapshot_bytes_per_param``, ``snapshot_build_bytes_per_param`` (the peak RSS while writing one, above
+  the steady state before), ``snapshot_write_s`` (snapshot, encode, write to a file and fsync),
+  ``snapshot_load_s`` (read the file, decode, rebuild a ledger, check its digest).
+
+A size that does not fit in this machine's memory fails with MemoryError or is killed; the JSON then has
+nothing for it (the caller records why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from node.updates import map_blob
+from protocol.compression import Codec, ErrorFeedback, decode_tensors, encode_tensors
+from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, UpdateMeta
+from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class PeakSampler:
+    """The highest RSS seen since the last :meth:`reset`, sampled every 10 ms by a daemon thread."""
+
+    def __init__(self) -> None:
+        self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, rss_bytes())
+
+    def reset(self) -> None:
+        self.peak = rss_bytes()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, rss_bytes())
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - started, out
+
+
+class Peers:
+    """``peers`` senders of updates drawn from one pseudo-gradient; sender 0 is this node."""
+
+    def __init__(self, draw: dict[str, np.ndarray], peers: int, codec: Codec, seed: int, blobs: Path) -> None:
+        self.draw = draw
+        self.blobs = blobs
+        self.shapes = {name: x.shape for name, x in draw.items()}
+        self.peers = peers
+        self.codec = codec
+        self.own = ErrorFeedback(codec)
+        self.rng = np.random.default_rng(seed)
+        self.count = 0
+        self.encode_s: list[float] = []
+        self.decode_s: list[float] = []
+
+    def update(self, peer: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
+        """One update of ``peer`` (header, the deltas a receiver decodes, the payload)."""
+        scale = np.float32(self.rng.lognormal(0.0, 0.3))
+        scaled = {name: x * scale for name, x in self.draw.items()}
+        if peer == 0:
+            took, (data, deltas) = timed(lambda: self.own.compress(scaled))
+            self.encode_s.append(took)
+        else:
+            data = encode_tensors(scaled, self.codec)
+            del scaled
+            took, deltas = timed(lambda: decode_tensors(data, self.codec, self.shapes))
+            self.decode_s.append(took)
+        self.count += 1
+        tag = f"peer{peer}/{self.count}"
+        meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), f"peer{peer}", base, publish, 4096, 32)
+        path = self.blobs / meta.update_id.hex()  # the node's blob store keeps every payload on disk
+        path.write_bytes(data)
+        stored = map_blob(path)
+        return meta, deltas, Payload(self.codec, stored)
+
+    def fill_open_slot(self, ledger: Ledger) -> None:
+        for peer in range(self.peers):
+            ledger.add(*self.update(peer, ledger.slot, ledger.slot))
+
+    def late(self, ledger: Ledger, peer: int) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
+        """An update of ``peer`` for the last closed slot (it published knowing one slot less)."""
+        return self.update(peer, ledger.slot - 1, ledger.slot - 1)
+
+
+def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> dict[str, float | int]:
+    shapes = transformer_shapes(params)
+    total = sum(math.prod(s) for s in shapes.values())
+    steps = 16 if total <= 20_000_000 else 2
+    print(f"{total:,} parameters in {len(shapes)} tensors; {peers} peers, window {window}, {codec.value}; "
+          f"drawing one pseudo-gradient ({steps} AdamW steps)…", flush=True)
+    draw = adamw_delta(shapes, steps=steps, seed=seed)
+    blobs = Path(tempfile.mkdtemp(prefix="scale-blobs-"))
+    source = Peers(draw, peers, codec, seed, blobs)
+    params0 = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
+    before = rss_bytes() - sum(x.nbytes for x in params0.values())  # the initial params are the caller's
+    sampler = PeakSampler()
+    ledger = Ledger(params0, LedgerConfig(window=window, embeddings=frozenset({"embed"})))
+    del params0
+    started = time.perf_counter()
+    for slot in range(window + 2):
+        source.fill_open_slot(ledger)
+        ledger.close_slot()
+        print(f"  slot {ledger.slot}/{window + 2} closed ({time.perf_counter() - started:.0f} s)", flush=True)
+    closes, folds = [], []
+    for _ in range(2):
+        source.fill_open_slot(ledger)
+        closes.append(timed(ledger.close_slot)[0])
+        meta, deltas, payload = source.late(ledger, peer=1)
+        took, outcome = timed(lambda: ledger.add(meta, deltas, payload=payload))
+        assert outcome.value == "folded-late", outcome
+        folds.append(took)
+        del deltas
+    digest_s, digest = timed(ledger.params_digest)
+    outer_peak = sampler.peak
+    sampler.reset()
+    steady = rss_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "snapshot.bin"
+
+        def write() -> int:
+            data = ledger.snapshot().to_bytes()
+            with open(path, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return len(data)
+
+        write_s, size = timed(write)
+        snapshot_peak = sampler.peak
+
+        def load() -> Ledger:
+            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), ledger.config, ledger.shapes)
+            assert loaded.params_digest() == digest, "the snapshot loads to another state"
+            return loaded
+
+        load_s, _ = timed(load)
+    sampler.stop()
+    shutil.rmtree(blobs, ignore_errors=True)
+    return {
+        "params": total,
+        "peers": peers,
+        "window": window,
+        "codec": codec.value,
+        "outer_bytes_per_param": (outer_peak - before) / total,
+        "steady_bytes_per_param": (steady - before) / total,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "close_s": statistics.median(closes),
+        "fold_s": statistics.median(folds),
+        "decode_s": statistics.median(source.decode_s),
+        "digest_s": digest_s,
+        "encode_s": statistics.median(source.encode_s),
+        "snapshot_bytes_per_param": size / total,
+        "snapshot_build_bytes_per_param": (snapshot_peak - steady) / total,
+        "snapshot_write_s": write_s,
+        "snapshot_load_s": load_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=float, default=1e7, help="about how many parameters (e.g. 1e8)")
+    ap.add_argument("--peers", type=int, default=4)
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--codec", default="int4", choices=[c.value for c in Codec])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write the figures to this file")
+    args = ap.parse_args()
+    figures = measure(int(args.params), args.peers, args.window, Codec(args.codec), args.seed)
+    width = max(map(len, figures))
+    for key, value in figures.items():
+        print(f"{key:>{width}}: {value:.3f}" if isinstance(value, float) else f"{key:>{width}}: {value}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
