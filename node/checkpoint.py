@@ -1,18 +1,26 @@
 """Crash-safe checkpoints of a node: the ledger snapshot, the inner loop's state, the error-feedback
 residual and a few counters, one file per checkpoint in the checkpoint directory.
 
-File format (`ckpt-<round:08d>.dlc`):
+File format (`ckpt-<round:08d>.dlc`), version 2 (byte by byte in docs/checkpoint-format.md):
 
-    MAGIC (16 bytes) || body length (u64 big-endian) || body || SHA-256 of everything before it
+    MAGIC (16 bytes) || body length L (u64 big-endian) || body || SHA-256 of everything before it
+    body = header length H (u64 big-endian) || header (H bytes) || ledger || each array's raw bytes
 
-`body` is msgpack (binary strings on) of a map: `meta` (plain values), `ledger` (the canonical
-`LedgerSnapshot.to_bytes()`), `inner` and `feedback` (name -> [dtype, shape, raw little-endian bytes]).
+`header` is msgpack (binary strings on) of a map: `meta` (plain values), `ledger` (the byte length of the
+ledger snapshot encoding, `LedgerSnapshot.to_bytes()`), `inner` and `feedback` (lists of [name, dtype,
+shape], in the order their raw little-endian C-order bytes follow the ledger). Nothing is a msgpack bin,
+so no part has a size limit short of 2^64 bytes. Version 1 files (the same envelope around one msgpack
+map holding everything, each part one bin of at most 4 GiB − 1 bytes) are still read; a node built before
+version 2 skips version 2 files (bad magic) and starts fresh.
 
 Contract:
 - Writing is atomic: `stage` writes a temp file (`.tmp-*`) in the same directory and fsyncs it; `commit`
   renames it over the final name and fsyncs the directory. A kill at any moment leaves either the old
   set of checkpoints or the old set plus the new one, never a half-written `ckpt-*` file; stale temp
   files are deleted when a `CheckpointDir` is opened.
+- Writing streams: the file is written and hashed `_CHUNK` bytes at a time straight from the ledger's
+  pieces (`LedgerSnapshot.to_pieces()`) and the arrays, never joined into one buffer. Reading puts each
+  part once into the buffer it is returned in (the ledger bytes, each array) and hashes it there.
 - `save` never raises for I/O errors (full disk, permissions): it logs one error line, removes its temp
   file and returns None, so training continues.
 - `latest` returns the newest checkpoint that loads and verifies; every file it skips (truncated,
@@ -23,24 +31,33 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
 
-__all__ = ["Checkpoint", "CheckpointDir", "CheckpointError", "decode_checkpoint", "encode_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointDir", "CheckpointError", "decode_checkpoint", "encode_checkpoint",
+           "read_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger("node.checkpoint")
 
-MAGIC = b"DILOCO-CKPT\x00v1\n\x00"
+MAGIC = b"DILOCO-CKPT\x00v2\n\x00"  # written
+MAGIC_V1 = b"DILOCO-CKPT\x00v1\n\x00"  # still read
 _NAME = re.compile(r"ckpt-(\d{8})\.dlc")
 _TMP_PREFIX = ".tmp-"
+_CHUNK = 8 << 20  # bytes written or read (and hashed) at a time
+_HEADER_MAX = 64 << 20  # a longer header is a corrupt length field (a header names each array once)
+_SECTIONS = ("inner", "feedback")
+
+Bytes = bytes | bytearray | memoryview
 
 
 class CheckpointError(Exception):
@@ -49,10 +66,14 @@ class CheckpointError(Exception):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What a node needs to resume. `meta` holds plain values: `round`, `run_id`, `peer_id`, ..."""
+    """What a node needs to resume. `meta` holds plain values: `round`, `run_id`, `peer_id`, ...
+
+    `ledger` is the ledger snapshot's encoding: bytes, or the pieces whose concatenation it is
+    (`LedgerSnapshot.to_pieces()`), written one after the other without being joined. A loaded
+    checkpoint holds bytes."""
 
     meta: Mapping[str, Any]
-    ledger: bytes
+    ledger: Bytes | Sequence[Bytes]
     inner: Mapping[str, np.ndarray] = field(default_factory=dict)
     feedback: Mapping[str, np.ndarray] = field(default_factory=dict)
 
@@ -61,16 +82,173 @@ class Checkpoint:
         return int(self.meta["round"])
 
 
-def _arrays_out(arrays: Mapping[str, np.ndarray]) -> dict[str, list]:
-    out = {}
+def _byte_view(data: Bytes) -> memoryview:
+    return memoryview(data).cast("B")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """`dtype.str` ("<f4"), or the name of a dtype that string does not give back (ml_dtypes' "bfloat16")."""
+    return dtype.str if np.dtype(dtype.str) == dtype else dtype.name
+
+
+def _arrays_out(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, str, list[int], memoryview]]:
+    """(name, dtype, shape, view of the raw little-endian bytes) per array, by name; copies only arrays
+    that are not C-contiguous little-endian."""
+    out = []
     for name in sorted(arrays):
         a = np.asarray(arrays[name])
-        a = np.require(a, dtype=a.dtype.newbyteorder("<"), requirements="C")  # keeps 0-d arrays 0-d
-        out[name] = [a.dtype.str, list(a.shape), a.tobytes()]
+        a = np.require(a, dtype=a.dtype.newbyteorder("<"), requirements="C")
+        out.append((name, _dtype_name(a.dtype), list(a.shape), _byte_view(a.reshape(-1).view(np.uint8))))
     return out
 
 
-def _arrays_in(doc: object, what: str) -> dict[str, np.ndarray]:
+def write_checkpoint(f: BinaryIO, ckpt: Checkpoint) -> None:
+    """Write the version 2 file bytes of `ckpt` to `f`, `_CHUNK` bytes at a time (see the module
+    docstring). Raises what `f.write` raises."""
+    ledger = ckpt.ledger
+    whole = isinstance(ledger, (bytes, bytearray, memoryview))
+    pieces = [_byte_view(p) for p in ([ledger] if whole else ledger)]
+    sections = {name: _arrays_out(getattr(ckpt, name)) for name in _SECTIONS}
+    header = msgpack.packb(
+        {"meta": dict(ckpt.meta), "ledger": sum(map(len, pieces)),
+         **{name: [[n, dtype, shape] for n, dtype, shape, _ in arrays] for name, arrays in sections.items()}},
+        use_bin_type=True,
+    )
+    blobs = pieces + [view for arrays in sections.values() for *_, view in arrays]
+    body_length = 8 + len(header) + sum(map(len, blobs))
+    digest = hashlib.sha256()
+    head = MAGIC + body_length.to_bytes(8, "big") + len(header).to_bytes(8, "big") + header
+    for blob in [_byte_view(head), *blobs]:
+        for i in range(0, len(blob), _CHUNK):
+            chunk = blob[i: i + _CHUNK]
+            digest.update(chunk)
+            f.write(chunk)
+    f.write(digest.digest())
+
+
+def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
+    """Parse and verify a checkpoint file of `size` bytes from `f` (version 2 or 1); `CheckpointError`
+    says what is wrong. Each part is read into the buffer it is returned in."""
+    head = f.read(len(MAGIC) + 8)
+    if size < len(MAGIC) + 8 + 32 or len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] not in (MAGIC, MAGIC_V1):
+        raise CheckpointError("not a checkpoint (bad magic or too short)")
+    end = len(head) + int.from_bytes(head[len(MAGIC):], "big")
+    if size != end + 32:
+        raise CheckpointError(f"truncated or padded: {size} bytes, header says {end + 32}")
+    if head.startswith(MAGIC_V1):
+        return _decode_v1(head + _read(f, size - len(head)))
+    digest = hashlib.sha256(head)
+    header_length = int.from_bytes(_read(f, 8, digest), "big")
+    if header_length > min(_HEADER_MAX, end - len(head) - 8):
+        raise CheckpointError(f"corrupt: a header of {header_length} bytes")
+    meta, ledger_length, sections = _parse_header(_read(f, header_length, digest))
+    sizes = ledger_length + sum(math.prod(shape) * dtype.itemsize for arrays in sections.values()
+                                for _, dtype, shape in arrays)
+    if len(head) + 8 + header_length + sizes != end:
+        raise CheckpointError(f"corrupt: the header's sizes add up to {len(head) + 8 + header_length + sizes} "
+                              f"bytes, the file to {end}")
+    ledger = _read(f, ledger_length, digest)
+    loaded = {}
+    for section, arrays in sections.items():
+        loaded[section] = {}
+        for name, dtype, shape in arrays:
+            a = np.empty(shape, dtype)
+            _read_into(f, _byte_view(a.reshape(-1).view(np.uint8)), digest)
+            loaded[section][name] = a
+    if _read(f, 32) != digest.digest():
+        raise CheckpointError("checksum mismatch (corrupt file)")
+    return Checkpoint(meta, ledger, loaded["inner"], loaded["feedback"])
+
+
+def encode_checkpoint(ckpt: Checkpoint) -> bytes:
+    """The file bytes of `ckpt` (`write_checkpoint` into memory: for small checkpoints and tests)."""
+    out = io.BytesIO()
+    write_checkpoint(out, ckpt)
+    return out.getvalue()
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    """Parse and verify file bytes (`read_checkpoint` from memory); `CheckpointError` says what is wrong."""
+    return read_checkpoint(io.BytesIO(data), len(data))
+
+
+def _read(f: BinaryIO, n: int, digest: Any = None) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise CheckpointError(f"truncated: {n} bytes expected, {len(data)} read")
+    if digest is not None:
+        digest.update(data)
+    return data
+
+
+def _read_into(f: BinaryIO, view: memoryview, digest: Any) -> None:
+    for i in range(0, len(view), _CHUNK):
+        chunk = view[i: i + _CHUNK]
+        got = 0
+        while got < len(chunk):
+            n = f.readinto(chunk[got:])
+            if not n:
+                raise CheckpointError("truncated: the file ends inside an array")
+            got += n
+        digest.update(chunk)
+
+
+def _parse_header(raw: bytes) -> tuple[dict, int, dict[str, list[tuple[str, np.dtype, tuple[int, ...]]]]]:
+    try:
+        doc = msgpack.unpackb(raw, raw=False)
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise CheckpointError(f"undecodable header: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"meta", "ledger", *_SECTIONS}:
+        raise CheckpointError("header must be a map of meta, ledger, inner, feedback")
+    meta, ledger_length = doc["meta"], doc["ledger"]
+    if not isinstance(meta, dict) or type(meta.get("round")) is not int:
+        raise CheckpointError("meta must hold an int round")
+    if type(ledger_length) is not int or ledger_length < 0:
+        raise CheckpointError("ledger must be a byte count")
+    sections = {}
+    for section in _SECTIONS:
+        items = doc[section]
+        if not isinstance(items, list):
+            raise CheckpointError(f"{section} must be a list")
+        sections[section] = [_array_spec(item, section) for item in items]
+        if len({name for name, _, _ in sections[section]}) != len(items):
+            raise CheckpointError(f"{section} names an array twice")
+    return meta, ledger_length, sections
+
+
+def _array_spec(item: object, section: str) -> tuple[str, np.dtype, tuple[int, ...]]:
+    if not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str) or not isinstance(item[1], str):
+        raise CheckpointError(f"{section}: an array is [name, dtype, shape]")
+    name, dtype_name, shape = item
+    try:
+        dtype = np.dtype(dtype_name)
+    except TypeError:
+        raise CheckpointError(f"{section}[{name}]: unknown dtype {dtype_name!r}") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise CheckpointError(f"{section}[{name}]: dtype {dtype_name!r} is not raw numbers")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise CheckpointError(f"{section}[{name}]: bad shape {shape!r}")
+    return name, dtype, tuple(shape)
+
+
+def _decode_v1(data: bytes) -> Checkpoint:
+    """A version 1 file, already checked for magic and length: one msgpack map in the envelope."""
+    end = len(data) - 32
+    if hashlib.sha256(data[:end]).digest() != data[end:]:
+        raise CheckpointError("checksum mismatch (corrupt file)")
+    try:
+        doc = msgpack.unpackb(data[len(MAGIC_V1) + 8: end], raw=False)
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise CheckpointError(f"undecodable body: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"meta", "ledger", "inner", "feedback"}:
+        raise CheckpointError("body must be a map of meta, ledger, inner, feedback")
+    meta, ledger = doc["meta"], doc["ledger"]
+    if not isinstance(meta, dict) or type(meta.get("round")) is not int or not isinstance(ledger, bytes):
+        raise CheckpointError("meta must hold an int round and ledger must be bytes")
+    return Checkpoint(meta, ledger, _arrays_in_v1(doc["inner"], "inner"), _arrays_in_v1(doc["feedback"], "feedback"))
+
+
+def _arrays_in_v1(doc: object, what: str) -> dict[str, np.ndarray]:
     if not isinstance(doc, dict):
         raise CheckpointError(f"{what} must be a map")
     out = {}
@@ -82,39 +260,6 @@ def _arrays_in(doc: object, what: str) -> dict[str, np.ndarray]:
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{what}[{name}]: {exc}") from None
     return out
-
-
-def encode_checkpoint(ckpt: Checkpoint) -> bytes:
-    """The file bytes of `ckpt` (see the module docstring)."""
-    body = msgpack.packb(
-        {"meta": dict(ckpt.meta), "ledger": ckpt.ledger, "inner": _arrays_out(ckpt.inner),
-         "feedback": _arrays_out(ckpt.feedback)},
-        use_bin_type=True,
-    )
-    head = MAGIC + len(body).to_bytes(8, "big")
-    return head + body + hashlib.sha256(head + body).digest()
-
-
-def decode_checkpoint(data: bytes) -> Checkpoint:
-    """Parse and verify file bytes; `CheckpointError` says what is wrong."""
-    if len(data) < len(MAGIC) + 8 + 32 or not data.startswith(MAGIC):
-        raise CheckpointError("not a checkpoint (bad magic or too short)")
-    size = int.from_bytes(data[len(MAGIC): len(MAGIC) + 8], "big")
-    end = len(MAGIC) + 8 + size
-    if len(data) != end + 32:
-        raise CheckpointError(f"truncated or padded: {len(data)} bytes, header says {end + 32}")
-    if hashlib.sha256(data[:end]).digest() != data[end:]:
-        raise CheckpointError("checksum mismatch (corrupt file)")
-    try:
-        doc = msgpack.unpackb(data[len(MAGIC) + 8: end], raw=False)
-    except (msgpack.UnpackException, ValueError) as exc:
-        raise CheckpointError(f"undecodable body: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) != {"meta", "ledger", "inner", "feedback"}:
-        raise CheckpointError("body must be a map of meta, ledger, inner, feedback")
-    meta, ledger = doc["meta"], doc["ledger"]
-    if not isinstance(meta, dict) or type(meta.get("round")) is not int or not isinstance(ledger, bytes):
-        raise CheckpointError("meta must hold an int round and ledger must be bytes")
-    return Checkpoint(meta, ledger, _arrays_in(doc["inner"], "inner"), _arrays_in(doc["feedback"], "feedback"))
 
 
 class CheckpointDir:
@@ -139,12 +284,12 @@ class CheckpointDir:
         return [p for _, p in sorted(found, reverse=True)]
 
     def stage(self, ckpt: Checkpoint) -> Path:
-        """Write `ckpt` to a fresh temp file, fsynced; nothing is visible to `latest` yet. Raises OSError."""
-        data = encode_checkpoint(ckpt)
+        """Stream `ckpt` into a fresh temp file, fsynced; nothing is visible to `latest` yet. Raises
+        OSError; on any exception the temp file is removed."""
         tmp = self.directory / f"{_TMP_PREFIX}{ckpt.round:08d}-{os.getpid()}-{os.urandom(4).hex()}"
         try:
             with open(tmp, "xb") as f:
-                f.write(data)
+                write_checkpoint(f, ckpt)
                 f.flush()
                 os.fsync(f.fileno())
         except BaseException:
@@ -173,7 +318,8 @@ class CheckpointDir:
         """The newest valid checkpoint, or None. Skipped files are logged with their reason."""
         for path in self.paths():
             try:
-                ckpt = decode_checkpoint(path.read_bytes())
+                with open(path, "rb") as f:
+                    ckpt = read_checkpoint(f, os.fstat(f.fileno()).st_size)
                 for key, value in self.expect.items():
                     if ckpt.meta.get(key) != value:
                         raise CheckpointError(f"{key} is {ckpt.meta.get(key)!r}, expected {value!r}")

@@ -377,7 +377,7 @@ class Rounds:
         checkpoints = self.checkpoints
 
         def work() -> None:
-            path = checkpoints.save(Checkpoint(meta, snapshot.to_bytes(), inner, feedback))
+            path = checkpoints.save(Checkpoint(meta, snapshot.to_pieces(), inner, feedback))  # streamed
             if path is not None:
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 

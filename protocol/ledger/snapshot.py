@@ -8,11 +8,14 @@ counters, the config fingerprint, and the totals of the finalized slots (tokens 
 the fork choice of :mod:`protocol.ledger.fork` compares). The working state is not stored: the loader
 replays the canonical state (see :class:`~protocol.ledger.ledger.Ledger`).
 
-Versions: 3 lets an entry carry its encoded payload instead of float32 deltas (int4: ~7.5× fewer bytes);
-2 added ``applied_tokens`` (u64) and ``applied_sum`` (40 bytes, big-endian). Versions 2 and 3 are read
-(checkpoints of older nodes); version 3 is written. A version 1 snapshot is read only while nothing has
-been finalized (``base_slot`` 0: both totals are 0); past that its totals are unknown and it is refused (a
-node then starts fresh and syncs from its peers).
+Versions: 4 stores every raw array and every entry payload as a list of bins (a msgpack bin holds at
+most 4 GiB − 1 bytes: a float64 tensor of 2^29 elements does not fit in one), concatenated on read. It is
+written only when some array or payload does not fit in one bin; otherwise the snapshot is written as
+version 3, so nodes that read only up to version 3 still sync from smaller models. 3 lets an entry carry
+its encoded payload instead of float32 deltas (int4: ~7.5× fewer bytes); 2 added ``applied_tokens`` (u64)
+and ``applied_sum`` (40 bytes, big-endian). Versions 1 to 4 are read. A version 1 snapshot is read only
+while nothing has been finalized (``base_slot`` 0: both totals are 0); past that its totals are unknown
+and it is refused (a node then starts fresh and syncs from its peers).
 
 Encoding (msgpack, binary strings on): a map with exactly the keys of ``_KEYS``; arrays are raw
 little-endian C-order bytes whose dtype is fixed by the field (float64 for the base state, float32 for
@@ -20,8 +23,16 @@ deltas) and whose shape comes from ``"shapes"``. An entry is ``[update_id, origi
 publish_slot, tokens, inner_steps, slot, deltas]``, sorted by ``update_id``, where ``deltas`` is either a
 map of raw float32 arrays or (version 3) ``[codec, payload]``: a codec name of
 :mod:`protocol.compression` and the payload bytes, which ``decode_tensors`` turns into the float32
-deltas. :meth:`LedgerSnapshot.from_bytes` checks every type, length and count, decodes every payload,
-and refuses anything else with ``RemoteProtocolError(Reason.BAD_STATE)``: the bytes come from a peer.
+deltas. In version 4 each raw array and each payload is instead a non-empty list of bins whose
+concatenation is those bytes (the writer cuts them into pieces of ``_PIECE`` bytes). Every other field
+is the same in all versions. :meth:`LedgerSnapshot.from_bytes` checks every type, length and count,
+decodes every payload, and refuses anything else with ``RemoteProtocolError(Reason.BAD_STATE)``: the
+bytes come from a peer.
+
+Memory: :meth:`LedgerSnapshot.to_pieces` gives the encoding as headers and read-only views of the arrays
+(nothing copied), so a writer streams a big snapshot (``node.checkpoint``); :meth:`~LedgerSnapshot.to_bytes`
+joins them into one new buffer. :meth:`~LedgerSnapshot.from_bytes` copies each bin once (msgpack), and a
+version 4 array once more while its bins are joined (those bins are released right after).
 """
 
 from __future__ import annotations
@@ -41,7 +52,9 @@ from protocol.ledger.payload import Payload, decode_snapshot_payload
 __all__ = ["LedgerSnapshot", "SnapshotEntry"]
 
 FORMAT = "diloco-ledger-snapshot"
-VERSION = 3
+VERSION = 4  # the newest version this module reads; ``to_pieces`` writes 3 unless a blob needs 4
+_BIN_MAX = (1 << 32) - 1  # the most bytes one msgpack bin holds
+_PIECE = 1 << 30  # version 4 cuts each array and payload into bins of this many bytes (the last shorter)
 _KEYS_V1 = frozenset(
     {
         "format",
@@ -92,13 +105,22 @@ class LedgerSnapshot:
     applied_tokens: int = 0
     applied_sum: int = 0
 
-    def to_bytes(self) -> bytes:
-        """The canonical encoding (equal snapshots give equal bytes)."""
+    def to_pieces(self) -> list[bytes | memoryview]:
+        """The canonical encoding as pieces whose concatenation is :meth:`to_bytes`: msgpack headers and
+        read-only views of the arrays and payloads (an array is copied only if its dtype or layout is not
+        the encoded one). The views keep the arrays alive; the arrays must not change while they are used.
+        Version 3 unless an array or payload is too big for one bin (then version 4)."""
         names = sorted(self.shapes)
+        blobs: list[_Blob] = []
 
-        def raw(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> dict[str, bytes]:
-            return {n: np.ascontiguousarray(arrays[n], dtype=dtype).tobytes() for n in names}
+        def blob(data: object) -> _Blob:
+            blobs.append(_Blob(data))
+            return blobs[-1]
 
+        def raw(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> dict[str, _Blob]:
+            return {n: blob(np.ascontiguousarray(arrays[n], dtype=dtype).reshape(-1).view(np.uint8)) for n in names}
+
+        base_params, base_momentum = raw(self.base_params, _F64), raw(self.base_momentum, _F64)
         entries = [
             [
                 e.meta.update_id,
@@ -108,19 +130,20 @@ class LedgerSnapshot:
                 e.meta.tokens,
                 e.meta.inner_steps,
                 e.slot,
-                raw(e.deltas, _F32) if e.payload is None else [e.payload.codec.value, e.payload.data],
+                raw(e.deltas, _F32) if e.payload is None else [e.payload.codec.value, blob(e.payload.data)],
             ]
             for e in sorted(self.entries, key=lambda e: e.meta.update_id)
         ]
+        split = any(len(b.view) > _BIN_MAX for b in blobs)
         doc = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 4 if split else 3,
             "slot": self.slot,
             "base_slot": self.base_slot,
             "config": dict(self.config),
             "shapes": {n: list(self.shapes[n]) for n in names},
-            "base_params": raw(self.base_params, _F64),
-            "base_momentum": raw(self.base_momentum, _F64),
+            "base_params": base_params,
+            "base_momentum": base_momentum,
             "entries": entries,
             "chain": self.chain,
             "seen": b"".join(sorted(self.seen)),
@@ -128,18 +151,26 @@ class LedgerSnapshot:
             "applied_tokens": self.applied_tokens,
             "applied_sum": self.applied_sum.to_bytes(SUM_BYTES, "big"),
         }
-        return msgpack.packb(doc, use_bin_type=True)
+        pieces: list[bytes | memoryview] = []
+        _pack(doc, pieces, split, msgpack.Packer(use_bin_type=True))
+        return pieces
+
+    def to_bytes(self) -> bytes:
+        """The canonical encoding (equal snapshots give equal bytes): :meth:`to_pieces` joined, so the only
+        copy of the arrays is the result."""
+        return b"".join(self.to_pieces())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LedgerSnapshot:
-        """Decode and structurally validate; ``RemoteProtocolError(BAD_STATE)`` on anything unexpected.
-        Consistency with a config and a model is checked by ``Ledger.from_snapshot``."""
+        """Decode and structurally validate ``data`` (bytes or any bytes-like object, versions 1 to 4);
+        ``RemoteProtocolError(BAD_STATE)`` on anything unexpected. Consistency with a config and a model
+        is checked by ``Ledger.from_snapshot``."""
         try:
             doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
             raise _bad(f"undecodable: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or type(doc.get("version")) is not int \
-                or doc["version"] not in (1, 2, VERSION):
+                or doc["version"] not in (1, 2, 3, VERSION):
             version = doc.get("version") if isinstance(doc, dict) else None
             raise _bad(f"not a snapshot of a supported version (got {version!r}, reading 1 to {VERSION})")
         if set(doc) != (_KEYS_V1 if doc["version"] == 1 else _KEYS):
@@ -157,8 +188,8 @@ class LedgerSnapshot:
         if not isinstance(doc["config"], dict) or not all(isinstance(k, str) for k in doc["config"]):
             raise _bad("config must be a map")
         shapes = _shapes(doc["shapes"])
-        with_payloads = doc["version"] >= 3
-        entries = tuple(_entry(x, shapes, with_payloads) for x in _list(doc["entries"], "entries"))
+        version = doc["version"]
+        entries = tuple(_entry(x, shapes, version) for x in _list(doc["entries"], "entries"))
         chain = _bytes(doc["chain"], "chain")
         if len(chain) != 32:
             raise _bad("chain must be 32 bytes")
@@ -176,8 +207,8 @@ class LedgerSnapshot:
             base_slot=base,
             config=doc["config"],
             shapes=shapes,
-            base_params=_arrays(doc["base_params"], shapes, _F64, "base_params"),
-            base_momentum=_arrays(doc["base_momentum"], shapes, _F64, "base_momentum"),
+            base_params=_arrays(doc["base_params"], shapes, _F64, "base_params", version),
+            base_momentum=_arrays(doc["base_momentum"], shapes, _F64, "base_momentum", version),
             entries=entries,
             chain=chain,
             seen=seen,
@@ -185,6 +216,49 @@ class LedgerSnapshot:
             applied_tokens=_uint(doc["applied_tokens"], "applied_tokens"),
             applied_sum=int.from_bytes(applied_sum, "big"),
         )
+
+
+class _Blob:
+    """Raw bytes that ``_pack`` writes as one bin (version 3) or as a list of bins (version 4)."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, data: object) -> None:
+        self.view = memoryview(data).cast("B").toreadonly()
+
+
+def _bin_header(size: int) -> bytes:
+    """The bin header msgpack writes for ``size`` bytes (the smallest that fits; none past ``_BIN_MAX``)."""
+    if size < 1 << 8:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")  # OverflowError past _BIN_MAX
+
+
+def _pack(x: object, out: list[bytes | memoryview], split: bool, packer: msgpack.Packer) -> None:
+    """Append to ``out`` the msgpack encoding of ``x`` (``msgpack.packb(x, use_bin_type=True)``, byte for
+    byte, with each ``_Blob`` as a bin, or with ``split`` as an array of bins of ``_PIECE`` bytes)."""
+    if isinstance(x, _Blob):
+        if not split:
+            out += [_bin_header(len(x.view)), x.view]
+            return
+        cuts = range(0, max(len(x.view), 1), _PIECE)  # an empty blob is one empty bin
+        out.append(packer.pack_array_header(len(cuts)))
+        for i in cuts:
+            piece = x.view[i : i + _PIECE]
+            out += [_bin_header(len(piece)), piece]
+    elif type(x) is dict:
+        out.append(packer.pack_map_header(len(x)))
+        for k, v in x.items():
+            _pack(k, out, split, packer)
+            _pack(v, out, split, packer)
+    elif type(x) is list:
+        out.append(packer.pack_array_header(len(x)))
+        for v in x:
+            _pack(v, out, split, packer)
+    else:
+        out.append(packer.pack(x))
 
 
 def _bad(detail: str) -> RemoteProtocolError:
@@ -218,13 +292,28 @@ def _shapes(x: object) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _arrays(x: object, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype, what: str) -> dict[str, np.ndarray]:
+def _blob(x: object, what: str, version: int) -> bytes:
+    """A raw array or payload: bytes (versions 1 to 3), or a non-empty list of bins joined (version 4;
+    the list is emptied so its bins are freed as soon as they are joined)."""
+    if version < 4:
+        return _bytes(x, what)
+    bins = _list(x, what)
+    if not bins or not all(isinstance(b, bytes) for b in bins):
+        raise _bad(f"{what} must be a non-empty array of bins")
+    joined = bins[0] if len(bins) == 1 else b"".join(bins)
+    bins.clear()
+    return joined
+
+
+def _arrays(
+    x: object, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype, what: str, version: int
+) -> dict[str, np.ndarray]:
     """Raw bytes per name → read-only arrays of ``dtype``; exact names, lengths, finite values."""
     if not isinstance(x, dict) or set(x) != set(shapes):
         raise _bad(f"{what} must name exactly the tensors of shapes")
     out = {}
     for name, shape in shapes.items():
-        raw = _bytes(x[name], f"{what}[{name}]")
+        raw = _blob(x[name], f"{what}[{name}]", version)
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise _bad(f"{what}[{name}] has {len(raw)} bytes, expected {math.prod(shape) * dtype.itemsize}")
         arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
@@ -234,7 +323,7 @@ def _arrays(x: object, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype, w
     return out
 
 
-def _entry(x: object, shapes: Mapping[str, tuple[int, ...]], with_payloads: bool) -> SnapshotEntry:
+def _entry(x: object, shapes: Mapping[str, tuple[int, ...]], version: int) -> SnapshotEntry:
     fields = _list(x, "entry")
     if len(fields) != 8:
         raise _bad("an entry has 8 fields")
@@ -254,8 +343,10 @@ def _entry(x: object, shapes: Mapping[str, tuple[int, ...]], with_payloads: bool
     )
     slot = _uint(slot, "entry slot")
     if isinstance(deltas, dict):
-        return SnapshotEntry(meta=meta, slot=slot, deltas=_arrays(deltas, shapes, _F32, "entry deltas"))
+        return SnapshotEntry(meta=meta, slot=slot, deltas=_arrays(deltas, shapes, _F32, "entry deltas", version))
+    with_payloads = version >= 3
     if not with_payloads or not isinstance(deltas, list) or len(deltas) != 2:
         raise _bad("entry deltas must be a map of float32 arrays" + (" or [codec, payload]" if with_payloads else ""))
-    payload, decoded = decode_snapshot_payload(*deltas, shapes)
+    codec, data = deltas
+    payload, decoded = decode_snapshot_payload(codec, _blob(data, "entry payload", version), shapes)
     return SnapshotEntry(meta=meta, slot=slot, deltas=decoded, payload=payload)
