@@ -175,6 +175,7 @@ class Rounds:
         self.misbehave = Misbehave(settings.misbehave, host, shapes) if settings.misbehave else None
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
+        self._published_here = 0  # rounds this process published (the first one also measures start-up)
         self.payloads: list[tuple[int, str]] = []  # (target slot, blob) of updates held, for clean-up
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._eval_s = 0.0  # duration of the last evaluation
@@ -290,7 +291,13 @@ class Rounds:
             self.pending = PendingUpdate(meta.target_slot, result.steps, dequantized)
         elapsed = trio.current_time() - started
         overhead = max(0.0, elapsed - result.seconds)
-        self.overhead_s = overhead if self.overhead_s is None else 0.7 * self.overhead_s + 0.3 * overhead
+        self._published_here += 1
+        if self._published_here > 1:
+            # Not the process's first round: that one also waits out start-up (compiling, the first
+            # evaluation, catching up after a state sync: seconds), and as the overhead of every round it
+            # would cut the next rounds to their minimum of steps, each one a slot (measured after a
+            # restart with a wiped checkpoint directory: five 2-step rounds, the survivors' loss +15%).
+            self.overhead_s = overhead if self.overhead_s is None else 0.7 * self.overhead_s + 0.3 * overhead
         self.stats.time_s.update(phases)
         log.info("round %d timing: %s", self.stats.round, " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
         return True
