@@ -33,7 +33,7 @@ import trio
 
 from p2p import Host, Request, Response, TransportError
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot
+from protocol.ledger import BottomStore, Ledger, LedgerConfig, LedgerSnapshot
 from protocol.messages import Signed, StateManifest
 from protocol.validation import Validator
 from protocol.wire import encode
@@ -204,7 +204,8 @@ class SyncResult:
     choice: Choice
 
 
-async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]]) -> SyncResult:
+async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]],
+                bottom: BottomStore | None) -> SyncResult:
     """Download and verify the state of `choice`, from each vouching origin in turn until one works."""
     failures = []
     for manifest in choice.manifests:
@@ -221,7 +222,7 @@ async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mappin
 
         def work() -> SyncResult:
             snap = LedgerSnapshot.from_bytes(data)
-            ledger = Ledger.from_snapshot(snap, config, shapes)
+            ledger = Ledger.from_snapshot(snap, config, shapes, bottom=bottom)
             if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
                 raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
             return SyncResult(ledger, snap, choice)
@@ -236,6 +237,7 @@ async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mappin
 
 async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
                      own: tuple[int, bytes] | None, timeout_s: float | None, retry_s: float,
+                     bottom: BottomStore | None = None,
                      waiting: Callable[[str | None], None] = lambda what: None) -> SyncResult | None:
     """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest):
     no peer is fresher than ours, every connected peer asked three times in a row had no state either
@@ -272,7 +274,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                     for choice in choices:
                         waiting(f"the download of the state of slot {choice.manifest.slot}")
                         try:
-                            result = await _load(host, choice, config, shapes)
+                            result = await _load(host, choice, config, shapes, bottom)
                         except (RemoteProtocolError, TransportError, OSError) as exc:
                             log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
                                         choice.confirmed_by, exc)

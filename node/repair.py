@@ -96,7 +96,7 @@ async def _fetch_snapshot(host: Host, run_id: str, peer: str, http_addr: str,
 
 
 def _load(snap: LedgerSnapshot, manifest: StateManifest, replica: Replica) -> Ledger:
-    ledger = Ledger.from_snapshot(snap, replica.config, replica.shapes)
+    ledger = Ledger.from_snapshot(snap, replica.config, replica.shapes, bottom=replica.bottom_store)
     if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
         raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
     return ledger

@@ -37,8 +37,8 @@ from typing import TypeVar
 import numpy as np
 import trio
 
-from protocol.ledger import (ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload, UpdateMeta,
-                             catch_up_target, reconcile)
+from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
+                             UpdateMeta, catch_up_target, reconcile)
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "agreement_hex"]
 
@@ -153,6 +153,11 @@ class Replica:
         self.shapes = led.shapes
         self.config = led.config
         self.placement = led.totals().placement
+
+    @property
+    def bottom_store(self) -> BottomStore:
+        """Where the ledger keeps its window bottom (ledgers loaded to replace it should use the same)."""
+        return self._ledger.bottom_store
 
     def agreement_hex(self) -> str:
         """Hash of (seen-id set, placement sum): see the module docstring."""

@@ -40,6 +40,7 @@ from node.model import embedding_names, param_shapes
 from node.repair import pull_missing
 from node.replica import Replica
 from node.rounds import Rounds
+from node.outer_files import MappedBottom
 from node.settings import NodeSettings
 from node.status import NodeStats, StatusRoutes
 from node.train import InnerLoop
@@ -160,6 +161,7 @@ class NodeRuntime:
             lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
         with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
+            self.bottom_store = MappedBottom(data_dir / "outer")  # the ledger's window bottom, on disk
             async with trio.open_nursery() as nursery:
                 self.host = await nursery.start(p2p.run, self._host_config(data_dir))
                 self._background = await nursery.start(self._background_tasks)
@@ -230,7 +232,7 @@ class NodeRuntime:
             if ckpt is not None:
                 try:
                     snap = LedgerSnapshot.from_bytes(ckpt.ledger)
-                    ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes)
+                    ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes, bottom=self.bottom_store)
                     params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
                     loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher(), params=params)  # no initialiser run
                     loop.load_state_dict(ckpt.inner)
@@ -241,7 +243,7 @@ class NodeRuntime:
                 else:
                     return loop, heldout, ledger, snap, ckpt
             loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
-            return loop, heldout, Ledger(loop.params, self.ledger_config), None, None
+            return loop, heldout, Ledger(loop.params, self.ledger_config, bottom=self.bottom_store), None, None
 
         self.loop, self.heldout, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
         if ckpt is not None:
@@ -273,7 +275,7 @@ class NodeRuntime:
 
         with trio.CancelScope() as self._sync_scope:
             result = await sync_state(self.host, self.settings.run_id, self.ledger_config, self.shapes,
-                                      own=(replica.slot, own_digest), timeout_s=timeout_s,
+                                      own=(replica.slot, own_digest), bottom=replica.bottom_store, timeout_s=timeout_s,
                                       retry_s=self.settings.heartbeat_s, waiting=waiting)
         self._sync_scope = None
         if result is None:

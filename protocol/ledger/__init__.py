@@ -15,10 +15,12 @@ from protocol.ledger.outer import fold_coefficients
 from protocol.ledger.payload import Payload
 from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
+from protocol.ledger.storage import BottomStore, InMemory
 from protocol.ledger.weights import staleness, update_weight
 
 __all__ = [
     "Aggregation",
+    "BottomStore",
     "CloseDecision",
     "ClosePolicyConfig",
     "ClosedSlot",
@@ -26,6 +28,7 @@ __all__ = [
     "LedgerConfig",
     "LedgerView",
     "LedgerSnapshot",
+    "InMemory",
     "Outcome",
     "Payload",
     "SlotClosePolicy",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
@@ -87,17 +87,22 @@ def _little_endian(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 
-def tree_digest(arrays: Mapping[str, np.ndarray], domain: bytes) -> bytes:
-    """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring)."""
-    ordered = {name: _little_endian(arrays[name]) for name in sorted(arrays)}
-    views = {name: memoryview(a).cast("B") for name, a in ordered.items()}
-    pieces = [v[i : i + PIECE] for v in views.values() for i in range(0, v.nbytes, PIECE)]
-    hashes = iter(_hashers().map(_piece_hash, pieces))
+def tree_digest(
+    arrays: Mapping[str, np.ndarray], domain: bytes, after: Callable[[np.ndarray], None] | None = None
+) -> bytes:
+    """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring). An
+    array's pieces are hashed in parallel threads; ``after(array)`` is called once each array is hashed
+    (e.g. to let the pages of a memory-mapped one go)."""
     h = hashlib.sha256(domain)
-    for name, a in ordered.items():
+    for name in sorted(arrays):
+        a = _little_endian(arrays[name])
+        view = memoryview(a).cast("B")
+        pieces = [view[i : i + PIECE] for i in range(0, view.nbytes, PIECE)]
         _header(h, name, a)
-        for _ in range(0, a.nbytes, PIECE):
-            h.update(next(hashes))
+        for piece_hash in _hashers().map(_piece_hash, pieces):
+            h.update(piece_hash)
+        if after is not None:
+            after(arrays[name])
     return h.digest()
 
 

@@ -41,9 +41,12 @@ Updates that arrived after their slot left the window break the invariant by des
 depends on when they arrived); they are counted.
 
 Memory, per parameter (docs/outer-memory.md has the whole node's budget): each update of the window, the
-open slot and the future is kept as its encoded payload (int4: ~0.53 B), decoded span by span when a
-slot is (re)computed (an update added without a payload keeps its float32 deltas: 4 B); float64 running sums (8 B) for the open slot and the ``RUNNING_SUMS`` newest closed slots;
-float64 working θ, v (16 B) and window bottom θ, v (16 B); one float64 scratch of the largest tensor.
+open slot and the future is kept as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node),
+decoded span by span when a slot is (re)computed (an update added without a payload keeps its float32
+deltas: 4 B); float64 running sums (8 B) for the open slot and the ``RUNNING_SUMS`` newest closed slots;
+float64 working θ, v (16 B); the float64 window bottom θ, v (16 B) in the arrays of a
+:class:`~protocol.ledger.storage.BottomStore` (a node's keeps them in memory-mapped files, resident only
+tensor by tensor during a pass); one float64 scratch of the largest tensor.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
 from protocol.ledger.payload import Payload, PayloadDeltas, check_payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
+from protocol.ledger.storage import BottomStore, InMemory
 from protocol.ledger.weights import check_meta, update_weight
 
 __all__ = ["ClosedSlot", "Ledger"]
@@ -104,40 +108,42 @@ class Ledger:
         params: Mapping[str, np.ndarray],
         config: LedgerConfig,
         momentum: Mapping[str, np.ndarray] | None = None,
+        *,
+        bottom: BottomStore | None = None,
     ) -> None:
-        """Start at slot 0 from ``params`` (and ``momentum``, zeros by default). Arrays are copied."""
+        """Start at slot 0 from ``params`` (and ``momentum``, zeros by default). Arrays are copied; the
+        window bottom's into arrays of ``bottom`` (:mod:`protocol.ledger.storage`, default in memory)."""
         if not params:
             raise LocalProtocolError("params must name at least one tensor")
         self.config = config
+        self.bottom_store = bottom or InMemory()
         self._shapes: dict[str, tuple[int, ...]] = {n: tuple(np.shape(params[n])) for n in sorted(params)}
-        base_theta = _f64_copy({n: params[n] for n in self._shapes})
         if momentum is None:
-            base_v = {n: np.zeros(s, dtype=_F64) for n, s in self._shapes.items()}
-        else:
-            if sorted(momentum) != list(self._shapes) or any(
-                np.shape(momentum[n]) != s for n, s in self._shapes.items()
-            ):
-                raise LocalProtocolError("momentum must have the same names and shapes as params")
-            base_v = _f64_copy({n: momentum[n] for n in self._shapes})
-        self._restore(0, 0, base_theta, base_v, dg.GENESIS, Totals(), [], set(), Counter())
+            momentum = {n: np.zeros((), dtype=_F64) for n in self._shapes}  # broadcast: no model-sized zeros
+        elif sorted(momentum) != list(self._shapes) or any(
+            np.shape(momentum[n]) != s for n, s in self._shapes.items()
+        ):
+            raise LocalProtocolError("momentum must have the same names and shapes as params")
+        self._restore(0, 0, params, momentum, dg.GENESIS, Totals(), [], set(), Counter())
 
     def _restore(
         self,
         n: int,
         base: int,
-        base_theta: dict,
-        base_v: dict,
+        base_theta: Mapping[str, np.ndarray],
+        base_v: Mapping[str, np.ndarray],
         chain: bytes,
         final: Totals,
         entries: list[SlotEntry],
         seen: set[bytes],
         counters: Counter,
     ) -> None:
-        """(Re)build every field from the persistent state; shared by ``__init__`` and snapshots."""
+        """(Re)build every field from the persistent state; shared by ``__init__`` and snapshots. The
+        bottom's arrays are copied into the bottom store's."""
         self._n = n
         self._base = base
-        self._base_theta = base_theta
-        self._base_v = base_v
+        self._base_theta = self._store_copy(base_theta)
+        self._base_v = self._store_copy(base_v)
         self._bottom_digest: bytes | None = None
         self._chain = chain
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
@@ -306,6 +312,7 @@ class Ledger:
         """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
         function of the closed-slot count and the applied sets (bit-identical across replicas)."""
         theta, v = _f64_copy(self._base_theta), _f64_copy(self._base_v)
+        self._settle_bottom()
         for s in range(self._base + 1, self._n + 1):
             self._canonical_step(theta, v, s)
         return theta, v
@@ -325,7 +332,8 @@ class Ledger:
         if self._bottom_digest is None:
             arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
                       **{"momentum/" + n: a for n, a in self._base_v.items()}}
-            self._bottom_digest = dg.tree_digest(arrays, b"diloco/bottom/v2\0")
+            settle = self.bottom_store.settle
+            self._bottom_digest = dg.tree_digest(arrays, b"diloco/bottom/v2\0", after=lambda a: settle((a,)))
         return self._bottom_digest
 
     def params_digest(self) -> bytes:
@@ -340,13 +348,15 @@ class Ledger:
         """The full persistent state as plain data (arrays are copies / read-only deltas)."""
         live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
         held = [e for s in sorted(self._held) for e in self._held[s]]
+        base_params, base_momentum = _f64_copy(self._base_theta), _f64_copy(self._base_v)
+        self._settle_bottom()
         return LedgerSnapshot(
             slot=self._n,
             base_slot=self._base,
             config=self.config.fingerprint(),
             shapes=dict(self._shapes),
-            base_params=_f64_copy(self._base_theta),
-            base_momentum=_f64_copy(self._base_v),
+            base_params=base_params,
+            base_momentum=base_momentum,
             entries=tuple(SnapshotEntry(e.meta, e.slot, e.deltas, e.payload) for e in live + held),
             chain=self._chain,
             seen=tuple(sorted(self._seen)),
@@ -357,9 +367,15 @@ class Ledger:
 
     @classmethod
     def from_snapshot(
-        cls, snap: LedgerSnapshot, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]] | None = None
+        cls,
+        snap: LedgerSnapshot,
+        config: LedgerConfig,
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        *,
+        bottom: BottomStore | None = None,
     ) -> Ledger:
-        """A replica that continues exactly from ``snap`` (its working state is the canonical one).
+        """A replica that continues exactly from ``snap`` (its working state is the canonical one; its
+        window bottom in ``bottom``'s arrays).
 
         Checks that ``snap`` was made under the same config (fingerprint) and, if given, for a model of
         these ``shapes``, and that its entries are consistent; ``RemoteProtocolError(BAD_STATE)`` if not.
@@ -380,6 +396,7 @@ class Ledger:
             raise _bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
         self = cls.__new__(cls)
         self.config = config
+        self.bottom_store = bottom or InMemory()
         self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
         entries = []
         for e in snap.entries:
@@ -397,8 +414,8 @@ class Ledger:
         self._restore(
             n,
             base,
-            _f64_copy(snap.base_params),
-            _f64_copy(snap.base_momentum),
+            snap.base_params,
+            snap.base_momentum,
             snap.chain,
             Totals(snap.applied_tokens, snap.applied_sum),
             entries,
@@ -408,6 +425,18 @@ class Ledger:
         return self
 
     # -- internals ----------------------------------------------------------------------------------
+    def _store_copy(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` (any float dtype; 0-d broadcasts) copied into fresh float64 arrays of the store."""
+        out = {}
+        for name, shape in self._shapes.items():
+            out[name] = self.bottom_store.allocate(shape)
+            np.copyto(out[name], arrays[name], casting="same_kind")
+            self.bottom_store.settle((out[name],))
+        return out
+
+    def _settle_bottom(self) -> None:
+        self.bottom_store.settle([*self._base_theta.values(), *self._base_v.values()])
+
     def _count(self, outcome: Outcome) -> Outcome:
         self._counters[outcome.value] += 1
         return outcome
@@ -448,20 +477,23 @@ class Ledger:
         weight = update_weight(meta, slot, self.config)
         return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload), now
 
-    def _canonical_step(self, theta: dict, v: dict, s: int) -> None:
+    def _canonical_step(self, theta: dict, v: dict, s: int, settle: bool = False) -> None:
         """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor (each one's ``u``
-        recomputed into the scratch, which holds the largest tensor)."""
+        recomputed into the scratch, which holds the largest tensor); ``settle``: the arrays are the
+        bottom store's, settled after each tensor."""
         slot, eta, mu = self._slots[s], self.config.eta(s), self.config.momentum
         for name, shape in self._shapes.items():
             u = self._scratch[: math.prod(shape)].reshape(shape)
             _, scale = slot.canonical_tensor(name, u)
             nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
+            if settle:
+                self.bottom_store.settle((theta[name], v[name]))
 
     def _finalize_bottom(self) -> LiveSlot:
         """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.
         Returns the retired slot (its buffers can be reused)."""
         s = self._base + 1
-        self._canonical_step(self._base_theta, self._base_v, s)
+        self._canonical_step(self._base_theta, self._base_v, s, settle=True)
         self._bottom_digest = None
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))

@@ -3,8 +3,8 @@
 Run: ``python -m testnet.benchmarks.scale --params 10000000 [--peers 4] [--window 8] [--codec int4]
 [--json FILE]``.
 
-Setup (real code throughout: the ledger, the codec with error feedback, snapshots, digests, payloads kept
-as memory-mapped blob files as the node keeps them): a transformer's
+Setup (real code throughout: the ledger, the codec with error feedback, snapshots, digests; payloads and
+the window bottom kept in memory-mapped files as the node keeps them): a transformer's
 tensor shapes of about ``--params`` parameters (``testnet.benchmarks.pseudograd``), one AdamW-like
 pseudo-gradient drawn over them (the codec benchmark's generator, with fewer steps at large sizes: the
 draw's values matter for compression, not for the costs measured here), and ``--peers`` senders whose
@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from node.outer_files import MappedBottom
 from node.updates import map_blob
 from protocol.compression import Codec, ErrorFeedback, decode_tensors, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, UpdateMeta
@@ -150,7 +151,8 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
     params0 = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
     before = rss_bytes() - sum(x.nbytes for x in params0.values())  # the initial params are the caller's
     sampler = PeakSampler()
-    ledger = Ledger(params0, LedgerConfig(window=window, embeddings=frozenset({"embed"})))
+    ledger = Ledger(params0, LedgerConfig(window=window, embeddings=frozenset({"embed"})),
+                    bottom=MappedBottom(blobs / "outer"))
     del params0
     started = time.perf_counter()
     for slot in range(window + 2):
@@ -185,7 +187,8 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         snapshot_peak = sampler.peak
 
         def load() -> Ledger:
-            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), ledger.config, ledger.shapes)
+            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), ledger.config, ledger.shapes,
+                                          bottom=ledger.bottom_store)
             assert loaded.params_digest() == digest, "the snapshot loads to another state"
             return loaded
 
