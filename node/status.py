@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -125,7 +127,14 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "resumed_round": stats.resumed_round,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
         "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},
+        "peak_rss_bytes": peak_rss_bytes(),
     }
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 class _Collector(Collector):

@@ -128,6 +128,18 @@ def _agreement(tl: Timeline, honest: tuple[int, ...]) -> dict[str, Any]:
             "final_slots": final_slots}
 
 
+def _memory(tl: Timeline) -> dict[str, Any]:
+    """Each node's peak resident memory (bytes): the largest its processes reported in `/status`."""
+    peaks: dict[str, int] = {}
+    for (node, _), inc in tl.incs.items():
+        for _, status in inc.samples:
+            peak = status.get("peak_rss_bytes")
+            if isinstance(peak, int) and peak > peaks.get(str(node), -1):
+                peaks[str(node)] = peak
+    return {"peak_rss_bytes": dict(sorted(peaks.items(), key=lambda kv: int(kv[0]))),
+            "basis": "each process's ru_maxrss at its last /status poll (a peak after it is not seen)"}
+
+
 def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool | None]:
     """Join and recovery times per process; rejoined = every restarted process that was not itself
     killed published an update (one killed again before it could join is listed with join_s None);
@@ -295,6 +307,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
                     "baseline_tokens": base_points[-1][1] if base_points else None,
                     "at_equal_tokens": _rounded(equal_tokens), "at_equal_wall_time": _rounded(equal_time)},
         "loss_after_restarts": loss_after_restarts(tl, [n for n in honest if n not in killed]),
+        "memory": _memory(tl),
         "curves": curves,
     }
 
@@ -310,6 +323,11 @@ def _fmt(value: Any, spec: str = ".3f", tag: str = "") -> str:
 
 def _yes_no(value: bool | None, yes: str = "yes", no: str = "NO") -> str:
     return "n/a" if value is None else yes if value else no
+
+
+def _memory_cell(memory: dict[str, Any] | None) -> str:
+    peaks = (memory or {}).get("peak_rss_bytes") or {}
+    return ", ".join(f"node {k}: {v / 2**30:.2f} GiB" for k, v in peaks.items()) or "n/a"
 
 
 def to_markdown(fig: dict[str, Any]) -> str:
@@ -354,6 +372,7 @@ def to_markdown(fig: dict[str, Any]) -> str:
         ("held-out bpb (mean of nodes)", _fmt(q["mean_final_bpb"]), f"baseline {_fmt(q['baseline_final_bpb'])}, "
          f"ratio {_fmt(q['ratio_to_baseline'], '.4f')}; mean of the last 20% of the run {_fmt(q['late_mean_bpb'])}"),
         ("tokens trained", _fmt(fig["throughput"]["total_tokens"], ","), ""),
+        ("peak memory per node (RSS)", _memory_cell(fig.get("memory")), "the most each node's processes reported"),
     ]
     out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", ""]
     if outcome["failed"]:

@@ -27,8 +27,9 @@ Printed and written (``--json``):
 * ``digest_s``: ``Ledger.params_digest`` right after a change (what a status request costs).
 * ``encode_s``: compressing this node's own update with error feedback.
 * ``snapshot_bytes_per_param``, ``snapshot_build_bytes_per_param`` (the peak RSS while writing one, above
-  the steady state before), ``snapshot_write_s`` (snapshot, encode, write to a file and fsync),
-  ``snapshot_load_s`` (read the file, decode, rebuild a ledger, check its digest).
+  the steady state before), ``snapshot_write_s`` (snapshot, encode piece by piece into a file, fsync),
+  ``snapshot_load_s`` (read the file, decode, rebuild a ledger, check its digest; the first ledger is
+  dropped before, as a joiner has none).
 
 A size that does not fit in this machine's memory fails with MemoryError or is killed; the JSON then has
 nothing for it (the caller records why).
@@ -170,25 +171,31 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         del deltas
     digest_s, digest = timed(ledger.params_digest)
     outer_peak = sampler.peak
+    print(f"  outer: {(outer_peak - before) / total:.1f} B/param at peak; close {statistics.median(closes):.3f} s, "
+          f"fold {statistics.median(folds):.3f} s, digest {digest_s:.3f} s", flush=True)
     sampler.reset()
     steady = rss_bytes()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "snapshot.bin"
 
         def write() -> int:
-            data = ledger.snapshot().to_bytes()
-            with open(path, "wb") as f:
-                f.write(data)
+            size = 0
+            with open(path, "wb") as f:  # streamed piece by piece, as a checkpoint is written
+                for piece in ledger.snapshot().to_pieces():
+                    size += f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
-            return len(data)
+            return size
 
         write_s, size = timed(write)
         snapshot_peak = sampler.peak
+        print(f"  snapshot: {size / total:.1f} B/param written in {write_s:.2f} s", flush=True)
+
+        config, shapes, store = ledger.config, ledger.shapes, ledger.bottom_store
+        del ledger  # a joiner loads a snapshot with no ledger of its own yet (and RAM is the limit here)
 
         def load() -> Ledger:
-            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), ledger.config, ledger.shapes,
-                                          bottom=ledger.bottom_store)
+            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), config, shapes, bottom=store)
             assert loaded.params_digest() == digest, "the snapshot loads to another state"
             return loaded
 

@@ -218,3 +218,15 @@ def test_a_run_without_measurements_shows_nothing_as_measured() -> None:
     for row in ("goodput", "replica agreement", "updates rejected", "restarted nodes rejoined", "tokens trained"):
         assert f"| {row} | n/a |" in md, row
     assert "| nodes failed | 2 | node 0: exited by itself with status 2; node 1: exited by itself with status 2 |" in md
+
+
+def test_peak_memory_per_node_is_the_largest_any_of_its_processes_reported() -> None:
+    rec = record()
+    peaks = iter([1 << 30, 3 << 29, None, 1 << 29, 5 << 28, 1 << 28, 1 << 27, 2 << 30, 1 << 30])
+    for row in rec.samples:
+        if "status" in row and (peak := next(peaks)) is not None:
+            row["status"]["peak_rss_bytes"] = peak
+    fig = compute(rec)
+    assert fig["memory"]["peak_rss_bytes"] == {"0": 3 << 29, "1": 2 << 30}
+    assert "node 0: 1.50 GiB, node 1: 2.00 GiB" in to_markdown(fig)
+    assert "| peak memory per node (RSS) | n/a |" in to_markdown(compute(record()))
