@@ -15,6 +15,7 @@ import numpy as np
 from protocol.compression.formats import Codec, as_codec_local
 from protocol.compression.tensors import as_float32_array, decode_tensors, encode_tensors
 from protocol.errors import LocalProtocolError
+from protocol.parallel import per_tensor
 
 
 class ErrorFeedback:
@@ -44,12 +45,16 @@ class ErrorFeedback:
             _check_same_layout(self._residual, delta)
         # Fresh arrays (np.asarray: numpy turns 0-d results into scalars), which become the next residual in
         # place: one model-sized buffer fewer than a separate difference.
-        corrected = {name: np.asarray(x + self._residual[name]) if self._residual else np.array(x, copy=True)
-                     for name, x in delta.items()}
+        residual = self._residual
+
+        def correct(name: str) -> np.ndarray:
+            x = delta[name]
+            return np.asarray(x + residual[name]) if residual else np.array(x, copy=True)
+
+        corrected = dict(zip(delta, per_tensor(correct, delta), strict=True))
         payload = encode_tensors(corrected, self.codec)
         dequantized = decode_tensors(payload, self.codec, {name: x.shape for name, x in delta.items()})
-        for name, x in corrected.items():
-            np.subtract(x, dequantized[name], out=x)
+        per_tensor(lambda name: np.subtract(corrected[name], dequantized[name], out=corrected[name]), corrected)
         self._residual = corrected
         return payload, dequantized
 

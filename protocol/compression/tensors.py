@@ -27,6 +27,7 @@ from protocol.compression.formats import (
     tensor_bytes,
 )
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.parallel import per_tensor
 
 
 def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> bytes:
@@ -41,13 +42,15 @@ def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> byt
         raise LocalProtocolError(f"tensors must be a mapping of name -> array, got {type(tensors).__name__}")
     if not all(isinstance(name, str) for name in tensors):
         raise LocalProtocolError("tensor names must be str")
-    parts = []
-    for name in sorted(tensors):
-        x = as_float32_array(name, tensors[name])
+    arrays = {name: as_float32_array(name, tensors[name]) for name in sorted(tensors)}
+
+    def one(name: str) -> list[np.ndarray]:
         try:
-            parts.extend(_ENCODERS[codec](x.ravel()))
+            return _ENCODERS[codec](arrays[name].ravel())
         except LocalProtocolError as e:
             raise LocalProtocolError(f"{name!r}: {e}") from None
+
+    parts = [part for record in per_tensor(one, arrays) for part in record]  # tensors in parallel threads
     return b"".join(parts)  # one copy: the parts are little-endian numpy arrays, joined as buffers
 
 
@@ -87,12 +90,12 @@ def decode_tensors(
         raise RemoteProtocolError(
             Reason.SHAPE_MISMATCH, f"{codec} payload is {buf.nbytes} bytes, the shapes need {expected}"
         )
-    out: dict[str, np.ndarray] = {}
-    offset = 0
-    for name, numel in zip(names, numels, strict=True):
-        out[name] = _DECODERS[codec](buf, offset, numel, name, 0, numel).reshape(shapes[name])
-        offset += tensor_bytes(numel, codec)
-    return out
+    offsets, sizes = record_offsets(shapes, codec), dict(zip(names, numels, strict=True))
+
+    def one(name: str) -> np.ndarray:
+        return _DECODERS[codec](buf, offsets[name], sizes[name], name, 0, sizes[name]).reshape(shapes[name])
+
+    return dict(zip(names, per_tensor(one, names), strict=True))  # tensors in parallel threads
 
 
 def record_offsets(shapes: Mapping[str, tuple[int, ...]], codec: Codec) -> dict[str, int]:

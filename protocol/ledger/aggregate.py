@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
+from protocol.parallel import per_tensor
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, span_of
 
@@ -101,8 +102,9 @@ def accumulate_sorted(
 ) -> dict[str, float]:
     """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``."""
     ordered = sorted(entries, key=lambda e: e.meta.update_id)
-    norms = {}
-    for name, u in out.items():
+
+    def one(name: str) -> float:
+        u = out[name]
         terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
         uf, buf = flat(u), _buffer(u.size)
         parts = []
@@ -120,8 +122,10 @@ def accumulate_sorted(
                     t *= c
                     uc += t
             parts.append(float(np.sum(np.square(uc, out=t))))
-        norms[name] = math.sqrt(math.fsum(parts))
-    return norms
+        return math.sqrt(math.fsum(parts))
+
+    names = list(out)
+    return dict(zip(names, per_tensor(one, names), strict=True))
 
 
 def aggregate(

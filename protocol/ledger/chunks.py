@@ -19,8 +19,6 @@ __all__ = ["CHUNK", "copy_with_norm", "flat", "spans", "tensor_norm"]
 
 CHUNK = 1 << 16
 _F64 = np.float64
-
-
 def flat(a: np.ndarray) -> np.ndarray:
     """The flat *view* of a C-contiguous array (never a copy: writes must reach ``a``)."""
     if not a.flags.c_contiguous:

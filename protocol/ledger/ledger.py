@@ -46,12 +46,11 @@ decoded span by span when a slot is (re)computed (an update added without a payl
 deltas: 4 B); float64 running sums (8 B) for the open slot and the ``RUNNING_SUMS`` newest closed slots;
 float64 working θ, v (16 B); the float64 window bottom θ, v (16 B) in the arrays of a
 :class:`~protocol.ledger.storage.BottomStore` (a node's keeps them in memory-mapped files, resident only
-tensor by tensor during a pass); one float64 scratch of the largest tensor.
+tensor by tensor during a pass); a float64 temporary per tensor in flight (one per core).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.storage import BottomStore, InMemory
 from protocol.ledger.weights import check_meta, update_weight
+from protocol.parallel import per_tensor
 
 __all__ = ["ClosedSlot", "Ledger"]
 
@@ -156,7 +156,6 @@ class Ledger:
         self._slots = {
             s: LiveSlot(s, self._shapes, self.config, es, keep_sums=s > n - RUNNING_SUMS) for s, es in live.items()
         }
-        self._scratch = np.empty(max(math.prod(shape) for shape in self._shapes.values()), dtype=_F64)
         self._theta, self._v = self.canonical_state()
 
     # -- read-only views ----------------------------------------------------------------------------
@@ -258,8 +257,8 @@ class Ledger:
             return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
         slot = self._slots[applied_at]
-        for name, change in changes.items():
-            fold_change(self._theta[name], self._v[name], slot.u[name], now[name], change, v_coef, theta_coef)
+        per_tensor(lambda name: fold_change(self._theta[name], self._v[name], slot.u[name], now[name], changes[name],
+                                            v_coef, theta_coef), changes)
         if applied_at <= n - RUNNING_SUMS:
             slot.release()  # rebuilt for this update; an older slot keeps no running sums
         return self._count(Outcome.FOLDED_LATE)
@@ -451,23 +450,30 @@ class Ledger:
             raise RemoteProtocolError(
                 Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"
             )
-        now: dict[str, np.ndarray] = {}
-        norms: dict[str, float] = {}
-        adopted = []
+        given = {name: deltas[name] for name in self._shapes}
         for name, shape in self._shapes.items():
-            x = deltas[name]
+            x = given[name]
             if not isinstance(x, np.ndarray) or x.dtype != np.float32:
                 raise LocalProtocolError(f"{name}: deltas must be float32 numpy arrays (dequantize first)")
             if x.shape != shape:
                 raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"{name}: shape {x.shape}, expected {shape}")
-            if x.flags.c_contiguous and (x.flags.owndata or payload is not None):
-                now[name], norms[name] = x, tensor_norm(x)  # adopt (or only read, when the payload is kept)
-                adopted.append(x)
-            else:
-                now[name], norms[name] = copy_with_norm(x)
-                now[name].flags.writeable = False
-            if not np.isfinite(norms[name]):
+        adopt = {name: x.flags.c_contiguous and (x.flags.owndata or payload is not None) for name, x in given.items()}
+
+        def one(name: str) -> tuple[np.ndarray, float]:
+            x = given[name]
+            if adopt[name]:  # adopt (or only read, when the payload is kept)
+                return x, tensor_norm(x)
+            copy, norm = copy_with_norm(x)
+            copy.flags.writeable = False
+            return copy, norm
+
+        now: dict[str, np.ndarray] = {}
+        norms: dict[str, float] = {}
+        for name, (x, norm) in zip(given, per_tensor(one, given), strict=True):
+            if not np.isfinite(norm):
                 raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
+            now[name], norms[name] = x, norm
+        adopted = [given[name] for name in given if adopt[name]]
         if payload is not None:
             kept: Mapping[str, np.ndarray] = PayloadDeltas(payload, self._shapes)
         else:
@@ -478,16 +484,19 @@ class Ledger:
         return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload), now
 
     def _canonical_step(self, theta: dict, v: dict, s: int, settle: bool = False) -> None:
-        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor (each one's ``u``
-        recomputed into the scratch, which holds the largest tensor); ``settle``: the arrays are the
-        bottom store's, settled after each tensor."""
+        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads
+        (each one's ``u`` recomputed into a temporary of its size); ``settle``: the arrays are the bottom
+        store's, settled after each tensor."""
         slot, eta, mu = self._slots[s], self.config.eta(s), self.config.momentum
-        for name, shape in self._shapes.items():
-            u = self._scratch[: math.prod(shape)].reshape(shape)
+
+        def one(name: str) -> None:
+            u = np.empty(self._shapes[name], dtype=_F64)
             _, scale = slot.canonical_tensor(name, u)
             nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
             if settle:
                 self.bottom_store.settle((theta[name], v[name]))
+
+        per_tensor(one, self._shapes)
 
     def _finalize_bottom(self) -> LiveSlot:
         """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.

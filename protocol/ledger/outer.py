@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
+from protocol.parallel import per_tensor
 from protocol.ledger.slot import TermChange
 
 __all__ = ["fold_coefficients", "fold_change", "nesterov_step"]
@@ -34,20 +35,17 @@ _F64 = np.float64
 Arrays = Mapping[str, np.ndarray]
 
 
-def _buffer(arrays: Arrays) -> np.ndarray:
-    return np.empty(min(CHUNK, max(a.size for a in arrays.values())), dtype=_F64)
-
-
 def nesterov_step(
     theta: Arrays, v: Arrays, u: Arrays, scales: Mapping[str, float] | None, eta: float, mu: float
 ) -> None:
     """One outer step in place with the aggregate ``g = scale·u`` (``scales=None``: ``g = u``):
     ``v ← μ v + g``; ``θ ← θ − η (μ v + g)``, in this exact op order per element (the canonical state and
-    the working state must round alike)."""
+    the working state must round alike). Tensors are stepped in parallel threads."""
     m, e = _F64(mu), _F64(eta)
-    buf, gbuf = _buffer(theta), _buffer(theta)
-    for name, th in theta.items():
-        thf, vf, uf = flat(th), flat(v[name]), flat(u[name])
+
+    def one(name: str) -> None:
+        thf, vf, uf = flat(theta[name]), flat(v[name]), flat(u[name])
+        buf, gbuf = np.empty(min(CHUNK, thf.size)), np.empty(min(CHUNK, thf.size))
         scale = None if scales is None else _F64(scales[name])
         for s in spans(thf.size):
             vc, tmp = vf[s], buf[: s.stop - s.start]
@@ -61,6 +59,8 @@ def nesterov_step(
             tmp += gc
             tmp *= e
             thf[s] -= tmp
+
+    per_tensor(one, theta)
 
 
 def fold_coefficients(r: int, n: int, eta: Callable[[int], float], mu: float) -> tuple[float, float]:

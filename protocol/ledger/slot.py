@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, add_term, coefficient, slot_scale
+from protocol.parallel import per_tensor
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -54,7 +55,9 @@ class LiveSlot:
         if keep_sums:
             self.u_norm = self._build(buffers)
         else:
-            self.u_norm = {name: self.canonical_tensor(name, np.empty(shape))[0] for name, shape in self.shapes.items()}
+            names = list(self.shapes)
+            norms = per_tensor(lambda name: self.canonical_tensor(name, np.empty(self.shapes[name]))[0], names)
+            self.u_norm = dict(zip(names, norms, strict=True))
 
     def _build(self, buffers: dict[str, np.ndarray] | None = None) -> dict[str, float]:
         if buffers is None:
@@ -81,15 +84,18 @@ class LiveSlot:
         rebuilt canonically first if it was released); returns how each tensor's aggregate changed."""
         if self.u is None:
             self.u_norm = self._build()
-        changes = {}
         after = [*self.entries, entry]
-        for name, u in self.u.items():
+
+        def one(name: str) -> tuple[float, TermChange]:
             s_old = self.scale(name)
             c = coefficient(entry, name, self.config)
-            self.u_norm[name] = add_term(u, deltas[name], c)
-            changes[name] = TermChange(
-                c=c, s_old=s_old, s_new=slot_scale(after, name, self.config, self.u_norm[name])
-            )
+            norm = add_term(self.u[name], deltas[name], c)
+            return norm, TermChange(c=c, s_old=s_old, s_new=slot_scale(after, name, self.config, norm))
+
+        names = list(self.u)
+        changes = {}
+        for name, (norm, change) in zip(names, per_tensor(one, names), strict=True):
+            self.u_norm[name], changes[name] = norm, change
         self.entries = after
         return changes
 
