@@ -442,10 +442,15 @@ class Ledger:
 
     def _make_entry(
         self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray], payload: Payload | None
-    ) -> tuple[SlotEntry, dict[str, np.ndarray]]:
+    ) -> tuple[SlotEntry, Mapping[str, np.ndarray]]:
         """The entry to keep (its deltas: the payload when there is one, else the arrays) and the float32
         arrays to apply now (the caller's, or their copies)."""
         check_payload(payload, self._shapes)
+        if isinstance(deltas, PayloadDeltas) and deltas.norms is not None and deltas.payload is payload \
+                and deltas.shapes == self._shapes:  # decoded, checked and measured already (a snapshot's)
+            weight = update_weight(meta, slot, self.config)
+            return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=deltas, norms=dict(deltas.norms),
+                             payload=payload), deltas
         if sorted(deltas) != list(self._shapes):
             raise RemoteProtocolError(
                 Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"

@@ -19,6 +19,8 @@ import numpy as np
 
 from protocol.compression import Codec, decode_span, payload_size, record_offsets
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.ledger.chunks import tensor_norm
+from protocol.parallel import per_tensor
 
 __all__ = ["Payload", "PayloadDeltas", "check_payload", "decode_snapshot_payload", "span_of"]
 
@@ -47,26 +49,36 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
 
     def __init__(self, payload: Payload, shapes: Mapping[str, tuple[int, ...]]) -> None:
         self.payload = payload
-        self._shapes = {name: tuple(shapes[name]) for name in sorted(shapes)}
-        self._offsets = record_offsets(self._shapes, payload.codec)
+        self.shapes = {name: tuple(shapes[name]) for name in sorted(shapes)}
+        self._offsets = record_offsets(self.shapes, payload.codec)
+        self.norms: dict[str, float] | None = None  # each tensor's norm, once `validated` computed them
+
+    @classmethod
+    def validated(cls, payload: Payload, shapes: Mapping[str, tuple[int, ...]]) -> PayloadDeltas:
+        """Decode every tensor once (in parallel threads), checking it (``RemoteProtocolError``), and keep
+        its norm (``tensor_norm``), so that the ledger need not decode it again to add the entry."""
+        deltas = cls(payload, shapes)
+        names = list(deltas.shapes)
+        deltas.norms = dict(zip(names, per_tensor(lambda name: tensor_norm(deltas[name]), names), strict=True))
+        return deltas
 
     def span(self, name: str, span: slice) -> np.ndarray:
         """Elements ``span`` (a slice starting at a multiple of the codec block) of the flat tensor."""
-        numel = math.prod(self._shapes[name])
+        numel = math.prod(self.shapes[name])
         stop = min(span.stop, numel)
         return decode_span(self.payload.data, self.payload.codec, self._offsets[name], numel, name, span.start, stop)
 
     def __getitem__(self, name: str) -> np.ndarray:
-        shape = self._shapes[name]
+        shape = self.shapes[name]
         x = self.span(name, slice(0, math.prod(shape))).reshape(shape)
         x.flags.writeable = False
         return x
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._shapes)
+        return iter(self.shapes)
 
     def __len__(self) -> int:
-        return len(self._shapes)
+        return len(self.shapes)
 
 
 def span_of(deltas: Mapping[str, np.ndarray], name: str, span: slice) -> np.ndarray:
@@ -90,8 +102,8 @@ def check_payload(payload: Payload | None, shapes: Mapping[str, tuple[int, ...]]
 def decode_snapshot_payload(
     codec: object, data: object, shapes: Mapping[str, tuple[int, ...]]
 ) -> tuple[Payload, PayloadDeltas]:
-    """A peer's (codec, payload) pair → the payload and its deltas, once every tensor was decoded (one at
-    a time) and found valid. Anything that does not decode (unknown codec, wrong size for ``shapes``,
+    """A peer's (codec, payload) pair → the payload and its deltas, once every tensor was decoded and found
+    valid (:meth:`PayloadDeltas.validated`, which keeps the norms). Anything that does not decode (unknown codec, wrong size for ``shapes``,
     non-finite or malformed values) is ``RemoteProtocolError(BAD_STATE)``: inside a snapshot, a bad
     payload is a bad state."""
     if not isinstance(codec, str) or not isinstance(data, bytes) or codec not in {c.value for c in Codec}:
@@ -101,10 +113,7 @@ def decode_snapshot_payload(
         check_payload(payload, shapes)
     except LocalProtocolError as exc:
         raise RemoteProtocolError(Reason.BAD_STATE, f"entry payload: {exc}") from None
-    deltas = PayloadDeltas(payload, shapes)
     try:
-        for name in deltas:
-            deltas[name]
+        return payload, PayloadDeltas.validated(payload, shapes)
     except RemoteProtocolError as exc:
         raise RemoteProtocolError(Reason.BAD_STATE, f"entry payload: {exc}") from None
-    return payload, deltas
