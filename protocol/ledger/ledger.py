@@ -18,8 +18,8 @@ the future, never after it left the window — hold the same parameters and mome
 order and whenever they closed their slots. Precisely:
 
 * the *canonical* state (:meth:`canonical_state`; :meth:`params_digest` and :meth:`snapshot` describe it
-  by the window bottom and the window's sets) is bit-identical: the float64 state at the bottom of the window is
-  only ever stepped with canonical aggregates (each recomputed from its set in ``update_id`` order), and
+  by the window bottom and the window's sets) is bit-identical: the float64 state at the bottom of the
+  window is only ever stepped with canonical aggregates (each recomputed from its set in ``update_id`` order), and
   the window is replayed from it the same way (bits are guaranteed between replicas on the same numpy
   build; norms use numpy's pairwise summation, whose rounding could differ in another build);
 * the *working* state (:meth:`params`, :meth:`momentum`) is what :meth:`close_slot` and the O(1) fold

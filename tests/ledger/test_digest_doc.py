@@ -66,7 +66,8 @@ def test_pieces_are_cut_every_4_mib() -> None:
     n = 3 * (1 << 22) // 16  # float64 elements in 1.5 pieces
     theta = np.arange(n, dtype=np.float32)
     led = Ledger({"w": theta}, LedgerConfig())
-    bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", np.zeros(n)) + tree_entry("theta/w", theta.astype(np.float64)))
+    bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", np.zeros(n))
+               + tree_entry("theta/w", theta.astype(np.float64)))
     assert led.bottom_digest() == bottom
     whole = np.zeros(n).tobytes()
     assert tree_entry("momentum/w", np.zeros(n)).endswith(H(whole[: 1 << 22]) + H(whole[1 << 22:]))
