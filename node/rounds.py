@@ -33,7 +33,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import numpy as np
 import trio
@@ -48,7 +48,7 @@ from node.train import InnerLoop, RoundResult
 from node.updates import Shapes, compress, make_delta, map_blob, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
-from protocol.ledger import Outcome, Payload, SlotClosePolicy
+from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy
 
 __all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
 
@@ -136,14 +136,15 @@ class ShouldStop:
 
 @dataclasses.dataclass(frozen=True)
 class PendingUpdate:
-    """This node's last published update: its slot, steps and dequantized Δ (what its ledger holds)."""
+    """This node's last published update: its slot, steps and dequantized Δ (what its ledger holds; its
+    payload, decoded when read)."""
 
     slot: int
     steps: int
-    delta: dict[str, np.ndarray]
+    delta: Mapping[str, np.ndarray]
 
 
-def _subtract(params: dict[str, np.ndarray], delta: dict[str, np.ndarray]) -> None:
+def _subtract(params: dict[str, np.ndarray], delta: Mapping[str, np.ndarray]) -> None:
     for name, d in delta.items():
         params[name] -= d
 
@@ -277,8 +278,8 @@ class Rounds:
             codec=self.settings.compression, shapes=shapes_field(self.shapes))
         clock.lap("publish")
         meta = update_meta(signed)
-        stored = map_blob(self.host.store.path(signed.body.payload_sha256.hex()))  # kept on disk, not in memory
-        outcome, _ = await self.replica.add(meta, dequantized, Payload(self.feedback.codec, stored))
+        stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+        outcome, _ = await self.replica.add(meta, dequantized, stored)  # kept on disk (mapped), not in memory
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
@@ -288,7 +289,8 @@ class Rounds:
         if self.misbehave is not None:
             await self.misbehave.act(base_slot, publish_slot)
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
-            self.pending = PendingUpdate(meta.target_slot, result.steps, dequantized)
+            # Its Δ is read once, when the next round's base subtracts it: decoded then from the mapped blob.
+            self.pending = PendingUpdate(meta.target_slot, result.steps, PayloadDeltas(stored, self.shapes))
         elapsed = trio.current_time() - started
         overhead = max(0.0, elapsed - result.seconds)
         self._published_here += 1

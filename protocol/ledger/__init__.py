@@ -12,7 +12,7 @@ from protocol.ledger.config import Aggregation, LedgerConfig, Outcome, StalePoli
 from protocol.ledger.fork import LedgerView, Totals, Verdict, compatible, reconcile
 from protocol.ledger.ledger import ClosedSlot, Ledger
 from protocol.ledger.outer import fold_coefficients
-from protocol.ledger.payload import Payload
+from protocol.ledger.payload import Payload, PayloadDeltas
 from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.storage import BottomStore, InMemory
@@ -31,6 +31,7 @@ __all__ = [
     "InMemory",
     "Outcome",
     "Payload",
+    "PayloadDeltas",
     "SlotClosePolicy",
     "SnapshotEntry",
     "StalePolicy",

@@ -2,8 +2,8 @@
 trio process. Node `a` (an island three times slower: `slowdown`) is cut off from `b` and `c`
 (`Host.block`, what `POST /chaos` does) until both sides have finalized slots the other never saw and the
 `b`+`c` side has clearly done more work apart. After the heal the sides find their histories forked, both
-pick the heavier one, `a` adopts it and orphans its own leftovers, and all three stop with equal ledger
-and parameter digests.
+pick the heavier one, the lighter side adopts it (usually `a`) and orphans its leftovers, and all three
+stop with equal ledger and parameter digests.
 
 With a window of 2 and rounds of milliseconds, gossip also often delivers an update after its slot left a
 receiver's window (applied stale: a small fork of its own, reconciled the same way), so this is also the
@@ -67,5 +67,9 @@ async def test_sides_of_a_partition_longer_than_the_window_converge_after_it_hea
     results = {n.peer_id: n.result for n in nodes}
     assert all(r is not None and r.reason == "max-rounds reached" for r in results.values()), results
     assert len({r.line() for r in results.values()}) == 1, results
-    assert a.replica.outcomes["fork-adopted"] >= 1, a.replica.outcomes
+    # A forked state was adopted somewhere. Usually by `a`, but with a window of 2 the churn's small forks go
+    # on after the heal, and `a` can end on the heavy history through them: `b` or `c` adopting a merge
+    # that `a` then pulls as compatible (seen in 2 of 7 full-suite runs, and on the code before too).
+    adopted = {n.peer_id: n.replica.outcomes["fork-adopted"] for n in nodes}
+    assert sum(adopted.values()) >= 1, adopted
     assert sum(n.replica.outcomes["orphaned"] for n in nodes) >= 1, "some work of the partition was orphaned"
