@@ -60,11 +60,11 @@ import numpy as np
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry
-from protocol.ledger.chunks import copy_with_norm, tensor_norm
+from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
-from protocol.ledger.payload import Payload, PayloadDeltas, check_payload
+from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.storage import BottomStore, InMemory
@@ -443,50 +443,7 @@ class Ledger:
     def _make_entry(
         self, meta: UpdateMeta, slot: int, deltas: Mapping[str, np.ndarray], payload: Payload | None
     ) -> tuple[SlotEntry, Mapping[str, np.ndarray]]:
-        """The entry to keep (its deltas: the payload when there is one, else the arrays) and the float32
-        arrays to apply now (the caller's, or their copies)."""
-        check_payload(payload, self._shapes)
-        if isinstance(deltas, PayloadDeltas) and deltas.norms is not None and deltas.payload is payload \
-                and deltas.shapes == self._shapes:  # decoded, checked and measured already (a snapshot's)
-            weight = update_weight(meta, slot, self.config)
-            return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=deltas, norms=dict(deltas.norms),
-                             payload=payload), deltas
-        if sorted(deltas) != list(self._shapes):
-            raise RemoteProtocolError(
-                Reason.SHAPE_MISMATCH, f"tensor names differ from the model's: {sorted(deltas)[:4]}…"
-            )
-        given = {name: deltas[name] for name in self._shapes}
-        for name, shape in self._shapes.items():
-            x = given[name]
-            if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-                raise LocalProtocolError(f"{name}: deltas must be float32 numpy arrays (dequantize first)")
-            if x.shape != shape:
-                raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"{name}: shape {x.shape}, expected {shape}")
-        adopt = {name: x.flags.c_contiguous and (x.flags.owndata or payload is not None) for name, x in given.items()}
-
-        def one(name: str) -> tuple[np.ndarray, float]:
-            x = given[name]
-            if adopt[name]:  # adopt (or only read, when the payload is kept)
-                return x, tensor_norm(x)
-            copy, norm = copy_with_norm(x)
-            copy.flags.writeable = False
-            return copy, norm
-
-        now: dict[str, np.ndarray] = {}
-        norms: dict[str, float] = {}
-        for name, (x, norm) in zip(given, per_tensor(one, given), strict=True):
-            if not np.isfinite(norm):
-                raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
-            now[name], norms[name] = x, norm
-        adopted = [given[name] for name in given if adopt[name]]
-        if payload is not None:
-            kept: Mapping[str, np.ndarray] = PayloadDeltas(payload, self._shapes)
-        else:
-            kept = now
-            for x in adopted:  # only once every tensor passed: a refused update leaves the caller's arrays alone
-                x.flags.writeable = False
-        weight = update_weight(meta, slot, self.config)
-        return SlotEntry(meta=meta, slot=slot, weight=weight, deltas=kept, norms=norms, payload=payload), now
+        return make_entry(meta, slot, deltas, payload, self._shapes, update_weight(meta, slot, self.config))
 
     def _canonical_step(self, theta: dict, v: dict, s: int, settle: bool = False) -> None:
         """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads
