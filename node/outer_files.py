@@ -1,6 +1,8 @@
-"""Memory-mapped files for the ledger's window bottom (`protocol.ledger.storage.BottomStore`).
+"""Memory-mapped files of the outer state: payload blobs (`map_blob`) and the ledger's window bottom
+(`MappedBottom`, a `protocol.ledger.storage.BottomStore`), with `drop_pages` to let a mapping's resident
+pages go after a pass (they count in the process's RSS until then).
 
-Each array is a shared mapping of its own file in the node's data directory, unlinked as soon as it is
+A blob is mapped read-only; the blob store may delete its file while it is mapped. Each bottom array is a shared mapping of its own file in the node's data directory, unlinked as soon as it is
 mapped: the kernel keeps the file while the mapping lives and frees its disk space when the ledger drops
 the array, so a crash leaves nothing behind. After each of the ledger's passes over the bottom (once per
 slot that leaves the window) `settle` tells the kernel the pages may go (`MADV_DONTNEED`): written-back
@@ -19,14 +21,25 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MappedBottom"]
+__all__ = ["MappedBottom", "drop_pages", "map_blob"]
 
 
-def _mapping(a: object) -> mmap.mmap | None:
-    """The mmap under an array made by `MappedBottom.allocate` (through its views), or None."""
-    while a is not None and not isinstance(a, mmap.mmap):
-        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
-    return a
+def map_blob(path: Path) -> memoryview:
+    """A read-only memory map of a stored blob: the ledger keeps an update's payload this way, so it stays
+    on disk (the page cache's) instead of in the process. The file may be deleted while mapped."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def drop_pages(data: object) -> None:
+    """Let the kernel drop the resident pages of the mmap under `data` (an array or a memoryview made
+    here, or a view of one); the next access reads them again. No effect on anything else."""
+    while data is not None and not isinstance(data, mmap.mmap):
+        data = data.obj if isinstance(data, memoryview) else getattr(data, "base", None)
+    if data is not None and hasattr(mmap, "MADV_DONTNEED"):
+        data.madvise(mmap.MADV_DONTNEED)
 
 
 class MappedBottom:
@@ -53,9 +66,5 @@ class MappedBottom:
         return np.frombuffer(mapped, dtype=np.float64).reshape(shape)
 
     def settle(self, arrays: Iterable[np.ndarray]) -> None:
-        if not hasattr(mmap, "MADV_DONTNEED"):
-            return
         for a in arrays:
-            mapped = _mapping(a)
-            if mapped is not None:
-                mapped.madvise(mmap.MADV_DONTNEED)
+            drop_pages(a)

@@ -40,12 +40,13 @@ import trio
 
 from node.chaos import Misbehave, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
+from node.outer_files import map_blob
 from node.rebase import BaseShift
 from node.replica import Replica
 from node.settings import NodeSettings
 from node.status import NodeStats
 from node.train import InnerLoop, RoundResult
-from node.updates import Shapes, compress, make_delta, map_blob, shapes_field, update_meta
+from node.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy

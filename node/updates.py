@@ -10,20 +10,18 @@ them), refusing bad ones with a named `Reason`;
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
+from node.outer_files import drop_pages, map_blob
 from protocol.compression import Codec, ErrorFeedback, decode_tensors
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Payload, UpdateMeta
 from protocol.messages import Signed, UpdateHeader
 
-__all__ = ["Shapes", "accept_hook", "compress", "decode_update", "drop_pages", "make_delta", "map_blob", "shapes_field",
-           "update_meta"]
+__all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -60,23 +58,6 @@ def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
     return accept
 
 
-def map_blob(path: Path) -> memoryview:
-    """A read-only memory map of a stored blob: the ledger keeps an update's payload this way, so it stays
-    on disk (the page cache's) instead of in the process. The file may be deleted while mapped."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return memoryview(b"")
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-
-
-def drop_pages(view: memoryview) -> None:
-    """Let the kernel drop the resident pages of a mapped blob (after a full pass over it): they count in
-    this process's RSS until then. No effect on a view of bytes."""
-    exporter = view.obj
-    if isinstance(exporter, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        exporter.madvise(mmap.MADV_DONTNEED)
-
-
 def decode_update(header: UpdateHeader, blob: Path | bytes,
                   shapes: Shapes) -> tuple[dict[str, np.ndarray], Payload]:
     """Float32 deltas of a fetched payload, and the payload they are the exact decode of (for
@@ -86,8 +67,7 @@ def decode_update(header: UpdateHeader, blob: Path | bytes,
     check_header(header, shapes)
     data = map_blob(blob) if isinstance(blob, Path) else bytes(blob)
     deltas = decode_tensors(data, header.codec, dict(shapes))
-    if isinstance(data, memoryview):
-        drop_pages(data)
+    drop_pages(data)
     return deltas, Payload(Codec(header.codec), data)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from protocol.compression.formats import Codec, as_codec_local
 from protocol.compression.tensors import as_float32_array, decode_tensors, encode_tensors
 from protocol.errors import LocalProtocolError
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 
 
 class ErrorFeedback:
@@ -51,10 +51,10 @@ class ErrorFeedback:
             x = delta[name]
             return np.asarray(x + residual[name]) if residual else np.array(x, copy=True)
 
-        corrected = dict(zip(delta, per_tensor(correct, delta), strict=True))
+        corrected = dict(zip(delta, parallel_map(correct, delta), strict=True))
         payload = encode_tensors(corrected, self.codec)
         dequantized = decode_tensors(payload, self.codec, {name: x.shape for name, x in delta.items()})
-        per_tensor(lambda name: np.subtract(corrected[name], dequantized[name], out=corrected[name]), corrected)
+        parallel_map(lambda name: np.subtract(corrected[name], dequantized[name], out=corrected[name]), corrected)
         self._residual = corrected
         return payload, dequantized
 

@@ -27,7 +27,7 @@ from protocol.compression.formats import (
     tensor_bytes,
 )
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 
 
 def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> bytes:
@@ -50,7 +50,7 @@ def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> byt
         except LocalProtocolError as e:
             raise LocalProtocolError(f"{name!r}: {e}") from None
 
-    parts = [part for record in per_tensor(one, arrays) for part in record]  # tensors in parallel threads
+    parts = [part for record in parallel_map(one, arrays) for part in record]  # tensors in parallel threads
     return b"".join(parts)  # one copy: the parts are little-endian numpy arrays, joined as buffers
 
 
@@ -95,7 +95,7 @@ def decode_tensors(
     def one(name: str) -> np.ndarray:
         return _DECODERS[codec](buf, offsets[name], sizes[name], name, 0, sizes[name]).reshape(shapes[name])
 
-    return dict(zip(names, per_tensor(one, names), strict=True))  # tensors in parallel threads
+    return dict(zip(names, parallel_map(one, names), strict=True))  # tensors in parallel threads
 
 
 def record_offsets(shapes: Mapping[str, tuple[int, ...]], codec: Codec) -> dict[str, int]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, span_of
 
@@ -125,7 +125,7 @@ def accumulate_sorted(
         return math.sqrt(math.fsum(parts))
 
     names = list(out)
-    return dict(zip(names, per_tensor(one, names), strict=True))
+    return dict(zip(names, parallel_map(one, names), strict=True))
 
 
 def aggregate(

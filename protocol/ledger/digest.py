@@ -23,12 +23,11 @@ All are SHA-256 over a domain-separated canonical encoding:
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 
 import numpy as np
+
+from protocol.parallel import parallel_map
 
 __all__ = ["GENESIS", "PIECE", "array_digest", "chain_next", "ledger_digest", "slot_digest", "state_digest",
            "tree_digest"]
@@ -65,11 +64,6 @@ def ledger_digest(closed_slots: int, chain: bytes, slot_digests: Iterable[bytes]
     return h.digest()
 
 
-@cache
-def _hashers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="digest")
-
-
 def _piece_hash(piece: memoryview) -> bytes:
     return hashlib.sha256(piece).digest()
 
@@ -99,7 +93,7 @@ def tree_digest(
         view = memoryview(a).cast("B")
         pieces = [view[i : i + PIECE] for i in range(0, view.nbytes, PIECE)]
         _header(h, name, a)
-        for piece_hash in _hashers().map(_piece_hash, pieces):
+        for piece_hash in parallel_map(_piece_hash, pieces):
             h.update(piece_hash)
         if after is not None:
             after(arrays[name])

@@ -15,7 +15,7 @@ from protocol.ledger.aggregate import SlotEntry
 from protocol.ledger.chunks import copy_with_norm, tensor_norm
 from protocol.ledger.config import UpdateMeta
 from protocol.ledger.payload import Payload, PayloadDeltas, check_payload
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 
 __all__ = ["make_entry"]
 
@@ -60,7 +60,7 @@ def make_entry(
 
     now: dict[str, np.ndarray] = {}
     norms: dict[str, float] = {}
-    for name, (x, norm) in zip(given, per_tensor(one, given), strict=True):
+    for name, (x, norm) in zip(given, parallel_map(one, given), strict=True):
         if not np.isfinite(norm):
             raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
         now[name], norms[name] = x, norm

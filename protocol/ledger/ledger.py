@@ -69,7 +69,7 @@ from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.storage import BottomStore, InMemory
 from protocol.ledger.weights import check_meta, update_weight
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 
 __all__ = ["ClosedSlot", "Ledger"]
 
@@ -257,7 +257,7 @@ class Ledger:
             return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
         slot = self._slots[applied_at]
-        per_tensor(lambda name: fold_change(self._theta[name], self._v[name], slot.u[name], now[name], changes[name],
+        parallel_map(lambda name: fold_change(self._theta[name], self._v[name], slot.u[name], now[name], changes[name],
                                             v_coef, theta_coef), changes)
         if applied_at <= n - RUNNING_SUMS:
             slot.release()  # rebuilt for this update; an older slot keeps no running sums
@@ -458,7 +458,7 @@ class Ledger:
             if settle:
                 self.bottom_store.settle((theta[name], v[name]))
 
-        per_tensor(one, self._shapes)
+        parallel_map(one, self._shapes)
 
     def _finalize_bottom(self) -> LiveSlot:
         """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.

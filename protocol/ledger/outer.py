@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 from protocol.ledger.slot import TermChange
 
 __all__ = ["fold_coefficients", "fold_change", "nesterov_step"]
@@ -60,7 +60,7 @@ def nesterov_step(
             tmp *= e
             thf[s] -= tmp
 
-    per_tensor(one, theta)
+    parallel_map(one, theta)
 
 
 def fold_coefficients(r: int, n: int, eta: Callable[[int], float], mu: float) -> tuple[float, float]:

@@ -19,8 +19,8 @@ import numpy as np
 
 from protocol.compression import Codec, decode_span, payload_size, record_offsets
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.ledger.chunks import tensor_norm
-from protocol.parallel import per_tensor
+from protocol.ledger.chunks import flat, tensor_norm
+from protocol.parallel import parallel_map
 
 __all__ = ["Payload", "PayloadDeltas", "check_payload", "decode_snapshot_payload", "span_of"]
 
@@ -29,7 +29,7 @@ __all__ = ["Payload", "PayloadDeltas", "check_payload", "decode_snapshot_payload
 class Payload:
     """``data`` encoded with ``codec``: the update's deltas, in sorted-name order. ``data`` is bytes, or a
     read-only byte memoryview (e.g. of a memory-mapped blob file, so the payload stays on disk: see
-    ``node.updates.map_blob``)."""
+    ``node.outer_files.map_blob``)."""
 
     codec: Codec
     data: bytes | memoryview
@@ -59,7 +59,7 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
         its norm (``tensor_norm``), so that the ledger need not decode it again to add the entry."""
         deltas = cls(payload, shapes)
         names = list(deltas.shapes)
-        deltas.norms = dict(zip(names, per_tensor(lambda name: tensor_norm(deltas[name]), names), strict=True))
+        deltas.norms = dict(zip(names, parallel_map(lambda name: tensor_norm(deltas[name]), names), strict=True))
         return deltas
 
     def span(self, name: str, span: slice) -> np.ndarray:
@@ -82,10 +82,11 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
 
 
 def span_of(deltas: Mapping[str, np.ndarray], name: str, span: slice) -> np.ndarray:
-    """Elements ``span`` of tensor ``name``'s flat view: decoded from a payload, or a view of the array."""
+    """Elements ``span`` of tensor ``name``'s flat view: decoded from a payload, or a view of the array (an
+    entry's arrays are C-contiguous)."""
     if isinstance(deltas, PayloadDeltas):
         return deltas.span(name, span)
-    return np.ascontiguousarray(deltas[name]).reshape(-1)[span]
+    return flat(deltas[name])[span]
 
 
 def check_payload(payload: Payload | None, shapes: Mapping[str, tuple[int, ...]]) -> None:

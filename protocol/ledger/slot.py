@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, add_term, coefficient, slot_scale
-from protocol.parallel import per_tensor
+from protocol.parallel import parallel_map
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -56,7 +56,7 @@ class LiveSlot:
             self.u_norm = self._build(buffers)
         else:
             names = list(self.shapes)
-            norms = per_tensor(lambda name: self.canonical_tensor(name, np.empty(self.shapes[name]))[0], names)
+            norms = parallel_map(lambda name: self.canonical_tensor(name, np.empty(self.shapes[name]))[0], names)
             self.u_norm = dict(zip(names, norms, strict=True))
 
     def _build(self, buffers: dict[str, np.ndarray] | None = None) -> dict[str, float]:
@@ -94,7 +94,7 @@ class LiveSlot:
 
         names = list(self.u)
         changes = {}
-        for name, (norm, change) in zip(names, per_tensor(one, names), strict=True):
+        for name, (norm, change) in zip(names, parallel_map(one, names), strict=True):
             self.u_norm[name], changes[name] = norm, change
         self.entries = after
         return changes
