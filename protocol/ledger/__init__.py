@@ -15,7 +15,7 @@ from protocol.ledger.outer import fold_coefficients
 from protocol.ledger.payload import Payload, PayloadDeltas
 from protocol.ledger.policy import CloseDecision, ClosePolicyConfig, SlotClosePolicy
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
-from protocol.ledger.storage import BottomStore, InMemory
+from protocol.ledger.storage import STATE_DTYPE, BottomStore, InMemory
 from protocol.ledger.weights import staleness, update_weight
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Totals",
     "UpdateMeta",
     "Verdict",
+    "STATE_DTYPE",
     "Weighting",
     "aggregate",
     "catch_up_target",

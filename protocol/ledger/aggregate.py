@@ -82,18 +82,18 @@ def _buffer(size: int) -> np.ndarray:
 
 
 def add_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
-    """``u += c·x`` in place (float64 ``u``, float32 ``x``) and return the new ``‖u‖`` (canonical
-    chunking). ``c = 0`` leaves ``u`` untouched."""
+    """``u += c·x`` in place (float64, or a float32 kept sum: ``c·x`` in float64, each sum rounded once
+    into ``u``; ``x`` float32) and return the new ``‖u‖`` in float64 (canonical chunking). ``c = 0``
+    leaves ``u`` untouched."""
     uf, buf = flat(u), _buffer(u.size)
     parts = []
     cc = _F64(c)
     for s in spans(uf.size):
         uc, t = uf[s], buf[: s.stop - s.start]
         if c != 0.0:
-            np.copyto(t, flat(x)[s])  # the cast alone, then an in-place product: ~2× faster than mixed types
-            t *= cc
-            uc += t
-        parts.append(float(np.sum(np.square(uc, out=t))))
+            np.multiply(flat(x)[s], cc, out=t, dtype=_F64)
+            np.add(uc, t, out=uc, casting="same_kind")
+        parts.append(float(np.sum(np.square(uc, out=t, dtype=_F64))))
     return math.sqrt(math.fsum(parts))
 
 
@@ -113,13 +113,11 @@ def accumulate_sorted(
             if not terms:
                 uc[...] = 0.0
             for i, (deltas, c) in enumerate(terms):
-                x = span_of(deltas, name, s)
+                x = span_of(deltas, name, s)  # float32; each product below is float64(x)·c, one rounding
                 if i == 0:
-                    np.copyto(uc, x)
-                    uc *= c
+                    np.multiply(x, c, out=uc, dtype=_F64)
                 else:
-                    np.copyto(t, x)
-                    t *= c
+                    np.multiply(x, c, out=t, dtype=_F64)
                     uc += t
             parts.append(float(np.sum(np.square(uc, out=t))))
         return math.sqrt(math.fsum(parts))

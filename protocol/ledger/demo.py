@@ -83,7 +83,8 @@ class ScenarioResult:
     samples: int
     slots: int
     counters: dict[str, int] = field(default_factory=dict)
-    replica_gap: float = 0.0  # max |θ_a − θ_b| / max |θ_a| over replicas at the end (async)
+    replica_gap: float = 0.0  # max |θ_a − θ_b| / max |θ_a| of the working states at the end (async)
+    canonical_agree: bool = True  # every replica ends with the same params digest (async)
 
 
 def _meta(tag: str, base: int, publish: int, p: Problem) -> UpdateMeta:
@@ -223,8 +224,9 @@ def run_async(p: Problem, seed: int, config: LedgerConfig) -> ScenarioResult:
     ledgers = run.run()
     ws = [ledger.params(np.float64)["w"] for ledger in ledgers]
     gap = max(float(np.max(np.abs(w - ws[0]))) for w in ws) / float(np.max(np.abs(ws[0])))
+    agree = len({ledger.params_digest() for ledger in ledgers}) == 1
     mode = "async-weighted" if config.staleness_alpha > 0 else "async-unweighted"
-    return _result(mode, p, seed, ledgers[0], run.samples, replica_gap=gap)
+    return _result(mode, p, seed, ledgers[0], run.samples, replica_gap=gap, canonical_agree=agree)
 
 
 def run_mode(mode: str, p: Problem, seed: int) -> ScenarioResult:

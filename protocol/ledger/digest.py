@@ -14,9 +14,9 @@ All are SHA-256 over a domain-separated canonical encoding:
   consecutive ``PIECE``-byte pieces (the last one shorter): one level of hash tree, so pieces are hashed
   in parallel threads (hashlib releases the GIL) and a piece can be checked alone;
 * state digest: ``H("diloco/ledger-state/v2\0" ‖ tree digest of the window bottom (domain
-  "diloco/bottom/v2\0", arrays "theta/<name>" and "momentum/<name>" as float64) ‖ ledger digest)``: the
+  "diloco/bottom/v2\0", arrays "theta/<name>" and "momentum/<name>" as float32) ‖ ledger digest)``: the
   canonical state ``θ_n, v_n`` is a function of the bottom and the window's sets, so equal state digests
-  mean equal canonical parameters and momentum, bit for bit. Its cost is one hash of the bottom (16
+  mean equal canonical parameters and momentum, bit for bit. Its cost is one hash of the bottom (8
   bytes per parameter) per slot that leaves the window, never a replay.
 """
 
@@ -29,13 +29,15 @@ import numpy as np
 
 from protocol.parallel import parallel_map
 
-__all__ = ["GENESIS", "PIECE", "array_digest", "chain_next", "ledger_digest", "slot_digest", "state_digest",
-           "tree_digest"]
+__all__ = ["BOTTOM_DOMAIN", "GENESIS", "PIECE", "array_digest", "chain_next", "ledger_digest", "piece_hashes",
+           "slot_digest", "state_digest", "tree_digest", "tree_digest_of_hashes"]
 
 #: Bytes per hashed piece of an array in a tree digest (part of the digest's definition).
 PIECE = 1 << 22
 
 GENESIS = hashlib.sha256(b"diloco/ledger-genesis/v1").digest()
+#: The domain of the window bottom's tree digest (the state digest's first part).
+BOTTOM_DOMAIN = b"diloco/bottom/v2\0"
 
 
 def slot_digest(slot: int, ids: Iterable[bytes]) -> bytes:
@@ -68,11 +70,11 @@ def _piece_hash(piece: memoryview) -> bytes:
     return hashlib.sha256(piece).digest()
 
 
-def _header(h: "hashlib._Hash", name: str, a: np.ndarray) -> None:
+def _header(h: "hashlib._Hash", name: str, dtype: str, shape: tuple[int, ...]) -> None:
     raw_name = name.encode("utf-8")
     h.update(len(raw_name).to_bytes(4, "big") + raw_name)
-    h.update(a.dtype.str.encode("ascii") + a.ndim.to_bytes(1, "big"))
-    for dim in a.shape:
+    h.update(dtype.encode("ascii") + len(shape).to_bytes(1, "big"))
+    for dim in shape:
         h.update(dim.to_bytes(8, "big"))
 
 
@@ -81,23 +83,40 @@ def _little_endian(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 
+def piece_hashes(a: np.ndarray) -> list[bytes]:
+    """The SHA-256 of each ``PIECE``-byte piece of ``a``'s raw little-endian C-order bytes (the last piece
+    shorter; none for an empty array), hashed in parallel threads."""
+    view = memoryview(_little_endian(a)).cast("B")
+    return parallel_map(_piece_hash, [view[i : i + PIECE] for i in range(0, view.nbytes, PIECE)])
+
+
+def tree_digest_of_hashes(rows: Iterable[tuple[str, str, tuple[int, ...], Iterable[bytes]]], domain: bytes) -> bytes:
+    """The tree digest from ``(name, dtype string, shape, piece hashes)`` rows in ascending name order: what
+    :func:`tree_digest` computes from the arrays, for a reader that holds only the hashes (a joiner)."""
+    h = hashlib.sha256(domain)
+    for name, dtype, shape, hashes in rows:
+        _header(h, name, dtype, tuple(shape))
+        for piece_hash in hashes:
+            h.update(piece_hash)
+    return h.digest()
+
+
 def tree_digest(
     arrays: Mapping[str, np.ndarray], domain: bytes, after: Callable[[np.ndarray], None] | None = None
 ) -> bytes:
     """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring). An
     array's pieces are hashed in parallel threads; ``after(array)`` is called once each array is hashed
     (e.g. to let the pages of a memory-mapped one go)."""
-    h = hashlib.sha256(domain)
-    for name in sorted(arrays):
-        a = _little_endian(arrays[name])
-        view = memoryview(a).cast("B")
-        pieces = [view[i : i + PIECE] for i in range(0, view.nbytes, PIECE)]
-        _header(h, name, a)
-        for piece_hash in parallel_map(_piece_hash, pieces):
-            h.update(piece_hash)
-        if after is not None:
-            after(arrays[name])
-    return h.digest()
+
+    def rows() -> Iterable[tuple[str, str, tuple[int, ...], list[bytes]]]:
+        for name in sorted(arrays):
+            a = np.asarray(arrays[name])
+            hashes = piece_hashes(a)
+            if after is not None:
+                after(arrays[name])
+            yield name, a.dtype.newbyteorder("<").str, a.shape, hashes
+
+    return tree_digest_of_hashes(rows(), domain)
 
 
 def state_digest(bottom_digest: bytes, ledger: bytes) -> bytes:
@@ -110,6 +129,6 @@ def array_digest(arrays: Mapping[str, np.ndarray], domain: bytes = b"diloco/arra
     h = hashlib.sha256(domain)
     for name in sorted(arrays):
         a = _little_endian(arrays[name])
-        _header(h, name, a)
+        _header(h, name, a.dtype.str, a.shape)
         h.update(memoryview(a).cast("B"))
     return h.digest()

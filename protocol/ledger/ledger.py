@@ -18,14 +18,16 @@ the future, never after it left the window — hold the same parameters and mome
 order and whenever they closed their slots. Precisely:
 
 * the *canonical* state (:meth:`canonical_state`; :meth:`params_digest` and :meth:`snapshot` describe it
-  by the window bottom and the window's sets) is bit-identical: the float64 state at the bottom of the
+  by the window bottom and the window's sets) is bit-identical: the state at the bottom of the
   window is only ever stepped with canonical aggregates (each recomputed from its set in ``update_id`` order), and
   the window is replayed from it the same way (bits are guaranteed between replicas on the same numpy
   build; norms use numpy's pairwise summation, whose rounding could differ in another build);
-* the *working* state (:meth:`params`, :meth:`momentum`) is what :meth:`close_slot` and the O(1) fold
-  update, with running per-slot sums in arrival order; it equals the canonical state up to float64
-  rounding (relative ~1e-15, checked by the property tests). :meth:`resync` replaces it by the
-  canonical state (W outer steps of work).
+* the *working* state (:meth:`params`, :meth:`momentum`) is what :meth:`close_slot` and the fold update.
+  A close steps it with the closing slot's canonical aggregate, exactly as the canonical replay does, so
+  it *is* the canonical state bit for bit until a late update is folded in; a fold applies the change in
+  closed form, whose rounding (float32, the state's dtype) depends on the arrival order: the working
+  state then equals the canonical one up to float32 rounding (checked by the property tests).
+  :meth:`resync` replaces it by the canonical state (W outer steps of work).
 
 Deduplication: every update id accepted (applied, held or dropped) is remembered for the life of the
 replica and travels in snapshots (32 bytes each), so an update is applied once however late a copy
@@ -42,11 +44,13 @@ depends on when they arrived); they are counted.
 
 Memory, per parameter (docs/outer-memory.md has the whole node's budget): each update of the window, the
 open slot and the future is kept as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node),
-decoded span by span when a slot is (re)computed (an update added without a payload keeps its float32
-deltas: 4 B); float64 running sums (8 B) for the open slot and the ``RUNNING_SUMS`` newest closed slots;
-float64 working θ, v (16 B); the float64 window bottom θ, v (16 B) in the arrays of a
-:class:`~protocol.ledger.storage.BottomStore` (a node's keeps them in memory-mapped files, resident only
-tensor by tensor during a pass); a float64 temporary per tensor in flight (one per core).
+decoded span by span when a slot's aggregate is computed (an update added without a payload keeps its
+float32 deltas: 4 B); no running sums but the newest closed slot's, float32 (4 B, for fast late folds:
+:mod:`protocol.ledger.slot`); float32 working θ, v (8 B); the
+float32 window bottom θ, v (8 B) in the arrays of a :class:`~protocol.ledger.storage.BottomStore` (a
+node's keeps them in memory-mapped files, resident only tensor by tensor during a pass); a float64
+temporary per tensor in flight (one per core). Arithmetic is float64 throughout, rounded once per element
+into the float32 state (:mod:`protocol.ledger.outer`).
 """
 
 from __future__ import annotations
@@ -67,17 +71,13 @@ from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
-from protocol.ledger.storage import BottomStore, InMemory
+from protocol.ledger.storage import STATE_DTYPE, BottomStore, InMemory
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
 
 __all__ = ["ClosedSlot", "Ledger"]
 
 _F64 = np.float64
-#: How many of the newest closed slots keep their running sums (8 B/param each): late updates land there
-#: almost always (testnet reports). An update for an older window slot rebuilds that slot's sums from its
-#: entries' payloads, folds, and drops them again.
-RUNNING_SUMS = 1
 RELEASED = "released"  # counter: held updates moved into a newly opened slot
 ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
 
@@ -96,8 +96,8 @@ def _bad_state(detail: str) -> RemoteProtocolError:
     return RemoteProtocolError(Reason.BAD_STATE, detail)
 
 
-def _f64_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: np.array(a, dtype=_F64, copy=True, order="C") for name, a in arrays.items()}
+def _state_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.array(a, dtype=STATE_DTYPE, copy=True, order="C") for name, a in arrays.items()}
 
 
 class Ledger:
@@ -119,7 +119,7 @@ class Ledger:
         self.bottom_store = bottom or InMemory()
         self._shapes: dict[str, tuple[int, ...]] = {n: tuple(np.shape(params[n])) for n in sorted(params)}
         if momentum is None:
-            momentum = {n: np.zeros((), dtype=_F64) for n in self._shapes}  # broadcast: no model-sized zeros
+            momentum = {n: np.zeros((), dtype=STATE_DTYPE) for n in self._shapes}  # broadcast: no model-sized zeros
         elif sorted(momentum) != list(self._shapes) or any(
             np.shape(momentum[n]) != s for n, s in self._shapes.items()
         ):
@@ -153,9 +153,9 @@ class Ledger:
         live: dict[int, list[SlotEntry]] = {s: [] for s in range(base + 1, n + 2)}
         for e in entries:
             (live if e.slot <= n + 1 else self._held).setdefault(e.slot, []).append(e)
-        self._slots = {
-            s: LiveSlot(s, self._shapes, self.config, es, keep_sums=s > n - RUNNING_SUMS) for s, es in live.items()
-        }
+        self._slots = {s: LiveSlot(s, self._shapes, self.config, es) for s, es in live.items()}
+        if n in self._slots:
+            self._slots[n].keep()  # the newest closed slot keeps its sums (the first fold into it computes them)
         self._theta, self._v = self.canonical_state()
 
     # -- read-only views ----------------------------------------------------------------------------
@@ -220,7 +220,7 @@ class Ledger:
         """Copy of the working parameters ``θ_n`` (float32 by default)."""
         return {n: self._theta[n].astype(dtype) for n in self._shapes}
 
-    def momentum(self, dtype: type = np.float64) -> dict[str, np.ndarray]:
+    def momentum(self, dtype: type = np.float32) -> dict[str, np.ndarray]:
         """Copy of the working momentum ``v_n``."""
         return {n: self._v[n].astype(dtype) for n in self._shapes}
 
@@ -252,15 +252,21 @@ class Ledger:
         if target > n + 1:
             self._held.setdefault(target, []).append(entry)
             return self._count(Outcome.HELD_FUTURE)
-        changes = self._slots[applied_at].add(entry, now)
+        slot = self._slots[applied_at]
         if applied_at == n + 1:
+            slot.add(entry)  # summed when the slot closes
             return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
-        slot = self._slots[applied_at]
-        parallel_map(lambda name: fold_change(self._theta[name], self._v[name], slot.u[name], now[name], changes[name],
-                                            v_coef, theta_coef), changes)
-        if applied_at <= n - RUNNING_SUMS:
-            slot.release()  # rebuilt for this update; an older slot keeps no running sums
+
+        def fold(name: str) -> None:
+            u = slot.fold_sum(name)
+            x = now[name]
+            change = slot.change_by(entry, name, x, u)
+            self._settle_payloads([*slot.entries, entry])
+            fold_change(self._theta[name], self._v[name], u, x, change, v_coef, theta_coef)
+
+        parallel_map(fold, self._shapes)
+        slot.add(entry)
         return self._count(Outcome.FOLDED_LATE)
 
     def ignore(self, update_ids: Iterable[bytes]) -> int:
@@ -293,16 +299,15 @@ class Ledger:
         (and :class:`~protocol.ledger.policy.SlotClosePolicy`'s) business; the state never depends on it.
         """
         s = self._n + 1
-        closing = self._slots[s]
-        nesterov_step(self._theta, self._v, closing.u, closing.scales(), self.config.eta(s), self.config.momentum)
+        newest = self._slots.get(s - 1)  # the newest closed slot until now hands its kept sums over
+        self._slots[s].keep(newest.release() if newest is not None else None)
+        self._canonical_step(self._theta, self._v, s)
         self._n = s
-        count = len(closing.entries)
-        older = self._slots.get(s - RUNNING_SUMS) if RUNNING_SUMS else closing
-        recycled = older.release() if older is not None else None
+        count = len(self._slots[s].entries)
         while self._n - self._base > self.config.window:
-            recycled = self._finalize_bottom().release() or recycled
+            self._finalize_bottom()
         released = self._held.pop(s + 1, [])
-        self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released, buffers=recycled)
+        self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released)
         self._counters[RELEASED] += len(released)
         return ClosedSlot(slot=s, updates=count, released=len(released))
 
@@ -310,7 +315,7 @@ class Ledger:
     def canonical_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
         function of the closed-slot count and the applied sets (bit-identical across replicas)."""
-        theta, v = _f64_copy(self._base_theta), _f64_copy(self._base_v)
+        theta, v = _state_copy(self._base_theta), _state_copy(self._base_v)
         self._settle_bottom()
         for s in range(self._base + 1, self._n + 1):
             self._canonical_step(theta, v, s)
@@ -326,13 +331,13 @@ class Ledger:
         return dg.ledger_digest(self._n, self._chain, live)
 
     def bottom_digest(self) -> bytes:
-        """Tree digest of the window bottom's float64 θ and v (:mod:`protocol.ledger.digest`); computed on
+        """Tree digest of the window bottom's θ and v (float32) (:mod:`protocol.ledger.digest`); computed on
         the first call after the bottom moved, then cached."""
         if self._bottom_digest is None:
             arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
                       **{"momentum/" + n: a for n, a in self._base_v.items()}}
             settle = self.bottom_store.settle
-            self._bottom_digest = dg.tree_digest(arrays, b"diloco/bottom/v2\0", after=lambda a: settle((a,)))
+            self._bottom_digest = dg.tree_digest(arrays, dg.BOTTOM_DOMAIN, after=lambda a: settle((a,)))
         return self._bottom_digest
 
     def params_digest(self) -> bytes:
@@ -344,10 +349,12 @@ class Ledger:
 
     # -- snapshots ----------------------------------------------------------------------------------
     def snapshot(self) -> LedgerSnapshot:
-        """The full persistent state as plain data (arrays are copies / read-only deltas)."""
+        """The full persistent state as plain data (arrays are copies, the bottom's in arrays of the bottom
+        store / read-only deltas)."""
         live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
         held = [e for s in sorted(self._held) for e in self._held[s]]
-        base_params, base_momentum = _f64_copy(self._base_theta), _f64_copy(self._base_v)
+        # copies from the bottom store (a node's: memory-mapped files, no resident memory once written out)
+        base_params, base_momentum = self._store_copy(self._base_theta), self._store_copy(self._base_v)
         self._settle_bottom()
         return LedgerSnapshot(
             slot=self._n,
@@ -425,12 +432,13 @@ class Ledger:
 
     # -- internals ----------------------------------------------------------------------------------
     def _store_copy(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``arrays`` (any float dtype; 0-d broadcasts) copied into fresh float64 arrays of the store."""
+        """``arrays`` (any float dtype; 0-d broadcasts) copied into fresh arrays of the store (float32),
+        tensor by tensor, each copy and its source settled once copied."""
         out = {}
         for name, shape in self._shapes.items():
             out[name] = self.bottom_store.allocate(shape)
             np.copyto(out[name], arrays[name], casting="same_kind")
-            self.bottom_store.settle((out[name],))
+            self.bottom_store.settle((out[name], arrays[name]))
         return out
 
     def _settle_bottom(self) -> None:
@@ -454,15 +462,20 @@ class Ledger:
         def one(name: str) -> None:
             u = np.empty(self._shapes[name], dtype=_F64)
             _, scale = slot.canonical_tensor(name, u)
+            self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
             nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
             if settle:
                 self.bottom_store.settle((theta[name], v[name]))
 
         parallel_map(one, self._shapes)
 
-    def _finalize_bottom(self) -> LiveSlot:
-        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it.
-        Returns the retired slot (its buffers can be reused)."""
+    def _settle_payloads(self, entries: Iterable[SlotEntry]) -> None:
+        """A pass over these entries' payloads (or one tensor of them) is over: the store may let their
+        pages go (a node's drops their mapped pages; another thread still reading faults them back in)."""
+        self.bottom_store.settle([e.payload.data for e in entries if e.payload is not None])
+
+    def _finalize_bottom(self) -> None:
+        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it."""
         s = self._base + 1
         self._canonical_step(self._base_theta, self._base_v, s, settle=True)
         self._bottom_digest = None
@@ -470,4 +483,3 @@ class Ledger:
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)
         self._base = s
-        return retired

@@ -14,8 +14,11 @@ slot ``r`` while the state is at slot ``n ≥ r``) changes ``v_t`` by ``μ^{t−
 since ``θ_n = θ_{r−1} − Σ_{t=r..n} η_t (g_t + μ v_t)`` and the slot-``t`` term changes by
 ``η_t (δ[t=r] + μ · μ^{t−r} δ)``. Checked against an in-order replay in ``tests/ledger/test_outer.py``.
 
-All arrays are C-contiguous float64 (deltas float32), updated in place, chunk by chunk
-(:mod:`protocol.ledger.chunks`): one pass over memory per call instead of one per operation.
+``θ`` and ``v`` are C-contiguous arrays of the state's dtype (a ledger's are float32, see
+:data:`protocol.ledger.storage.STATE_DTYPE`; any float dtype works), updated in place, chunk by chunk
+(:mod:`protocol.ledger.chunks`): one pass over memory per call instead of one per operation. Every
+intermediate is float64 (``u`` is float64, deltas float32); each new ``v`` and ``θ`` element is the float64
+result rounded once to the state's dtype, so the op order below fixes the bits.
 """
 
 from __future__ import annotations
@@ -39,26 +42,30 @@ def nesterov_step(
     theta: Arrays, v: Arrays, u: Arrays, scales: Mapping[str, float] | None, eta: float, mu: float
 ) -> None:
     """One outer step in place with the aggregate ``g = scale·u`` (``scales=None``: ``g = u``):
-    ``v ← μ v + g``; ``θ ← θ − η (μ v + g)``, in this exact op order per element (the canonical state and
-    the working state must round alike). Tensors are stepped in parallel threads."""
+    ``v ← μ v + g``; ``θ ← θ − η (μ v + g)``, in this exact op order per element, in float64 (the new ``v``
+    is used unrounded in the ``θ`` update), each result rounded once into ``v``'s and ``θ``'s dtype (the
+    canonical state and the working state must round alike). Tensors are stepped in parallel threads."""
     m, e = _F64(mu), _F64(eta)
 
     def one(name: str) -> None:
         thf, vf, uf = flat(theta[name]), flat(v[name]), flat(u[name])
-        buf, gbuf = np.empty(min(CHUNK, thf.size)), np.empty(min(CHUNK, thf.size))
+        size = min(CHUNK, thf.size)
+        vbuf, buf, gbuf = np.empty(size), np.empty(size), np.empty(size)
         scale = None if scales is None else _F64(scales[name])
         for s in spans(thf.size):
-            vc, tmp = vf[s], buf[: s.stop - s.start]
+            k = s.stop - s.start
+            vc, tmp = vbuf[:k], buf[:k]
             if scale is None:
                 gc = uf[s]
             else:
-                gc = np.multiply(uf[s], scale, out=gbuf[: tmp.size])
-            vc *= m
+                gc = np.multiply(uf[s], scale, out=gbuf[:k])
+            np.multiply(vf[s], m, out=vc)
             vc += gc
+            vf[s] = vc
             np.multiply(vc, m, out=tmp)
             tmp += gc
             tmp *= e
-            thf[s] -= tmp
+            np.subtract(thf[s], tmp, out=thf[s], casting="same_kind")
 
     parallel_map(one, theta)
 
@@ -100,10 +107,10 @@ def fold_change(
             d += t
         if reuse:
             d *= a
-            vf[s] += d
+            np.add(vf[s], d, out=vf[s], casting="same_kind")
             d *= _F64(ratio)
         else:
             np.multiply(d, a, out=t)
-            vf[s] += t
+            np.add(vf[s], t, out=vf[s], casting="same_kind")
             d *= k
-        thf[s] -= d
+        np.subtract(thf[s], d, out=thf[s], casting="same_kind")

@@ -1,10 +1,17 @@
-"""A live slot (in the window, or open): its entries and, while it keeps them, its running float64 sums.
+"""A live slot (in the window, or open): the entries applied at it, and its aggregate computed on demand.
 
-The working aggregate of tensor ``name`` is ``scale(name) · u[name]`` (see :mod:`protocol.ledger.aggregate`).
-``u`` is a running sum in arrival order, kept only where late updates usually land (the ledger decides:
-the open slot and the newest closed ones); a slot without it keeps ``‖u‖`` and rebuilds ``u`` canonically
-from its entries when an update reaches it (:meth:`LiveSlot.add`), at the cost of decoding them.
-:meth:`LiveSlot.canonical_tensor` recomputes one tensor's ``u`` canonically.
+Its aggregate, tensor by tensor, is ``scale(name) · u[name]`` (see :mod:`protocol.ledger.aggregate`) with
+``u`` recomputed *canonically* (entries in ``update_id`` order) from the entries' deltas (their payloads,
+decoded span by span) whenever the ledger needs it: when the slot closes, when it leaves the window, when
+the window is replayed, and when a late update reaches it (:meth:`LiveSlot.change_by`). So the ledger
+holds one float64 temporary per tensor in flight instead of running sums per slot, and a closing slot
+steps the working state with exactly the canonical aggregate.
+
+One exception, for speed: the newest closed slot, where late updates almost always land (testnet
+reports), keeps its sum rounded to float32 (:meth:`LiveSlot.keep`, 4 bytes per parameter) with its float64
+norm, so a late update costs one pass over the model instead of decoding every payload of the slot. That
+sum feeds only the working state's fold (whose rounding is float32 anyway); the canonical state never
+reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, add_term, coefficient, slot_scale
-from protocol.parallel import parallel_map
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -32,74 +38,66 @@ class TermChange:
 
 
 class LiveSlot:
-    """Entries of one slot plus ``u`` (float64 per tensor, or ``None`` once released) and ``‖u‖``; owned by
-    a :class:`Ledger`."""
+    """The entries of one slot and, while it is the newest closed slot, its kept float32 sums; owned by a
+    :class:`Ledger`."""
 
     def __init__(
-        self,
-        slot: int,
-        shapes: Mapping[str, tuple[int, ...]],
-        config: LedgerConfig,
-        entries: Iterable[SlotEntry] = (),
-        buffers: dict[str, np.ndarray] | None = None,
-        keep_sums: bool = True,
+        self, slot: int, shapes: Mapping[str, tuple[int, ...]], config: LedgerConfig, entries: Iterable[SlotEntry] = ()
     ) -> None:
-        """A slot holding ``entries`` (accumulated canonically). ``buffers`` (float64 arrays of the right
-        shapes, e.g. a released slot's ``u``) are reused and overwritten instead of allocating; with
-        ``keep_sums=False`` only the norms are kept (``u`` is built tensor by tensor and dropped)."""
         self.slot = slot
         self.config = config
         self.shapes = dict(shapes)
         self.entries: list[SlotEntry] = list(entries)
-        self.u: dict[str, np.ndarray] | None = None
-        if keep_sums:
-            self.u_norm = self._build(buffers)
-        else:
-            names = list(self.shapes)
-            norms = parallel_map(lambda name: self.canonical_tensor(name, np.empty(self.shapes[name]))[0], names)
-            self.u_norm = dict(zip(names, norms, strict=True))
+        self.kept: dict[str, tuple[np.ndarray, float]] = {}  # name → (float32 sum u, ‖u‖ in float64)
+        self.keeping = False
 
-    def _build(self, buffers: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-        if buffers is None:
-            buffers = {name: np.empty(shape, dtype=np.float64) for name, shape in self.shapes.items()}
-        self.u = buffers
-        return accumulate_sorted(self.entries, self.config, self.u)
+    def keep(self, buffers: dict[str, tuple[np.ndarray, float]] | None = None) -> None:
+        """From now on, keep the sums (written by :meth:`canonical_tensor` and :meth:`change_by`);
+        ``buffers`` (another slot's :meth:`release`) are reused."""
+        self.keeping = True
+        self.kept = buffers or {}
 
-    def release(self) -> dict[str, np.ndarray] | None:
-        """Drop the running sums (the norms stay); returns their buffers for reuse."""
-        u, self.u = self.u, None
-        return u
+    def release(self) -> dict[str, tuple[np.ndarray, float]]:
+        """Stop keeping the sums; returns their buffers for reuse."""
+        kept, self.kept, self.keeping = self.kept, {}, False
+        return kept
 
-    def scale(self, name: str) -> float:
-        return slot_scale(self.entries, name, self.config, self.u_norm[name])
-
-    def scales(self) -> dict[str, float]:
-        return {name: self.scale(name) for name in self.shapes}
+    def _store(self, name: str, u: np.ndarray, norm: float) -> None:
+        if self.keeping:
+            buf = self.kept[name][0] if name in self.kept else np.empty(self.shapes[name], dtype=np.float32)
+            if buf is not u:
+                np.copyto(buf, u, casting="same_kind")
+            self.kept[name] = (buf, norm)
 
     def ids(self) -> list[bytes]:
         return [e.meta.update_id for e in self.entries]
 
-    def add(self, entry: SlotEntry, deltas: Mapping[str, np.ndarray]) -> dict[str, TermChange]:
-        """Apply ``entry``, whose deltas are the arrays ``deltas``, here: ``u += c·Δ`` per tensor (``u`` is
-        rebuilt canonically first if it was released); returns how each tensor's aggregate changed."""
-        if self.u is None:
-            self.u_norm = self._build()
-        after = [*self.entries, entry]
-
-        def one(name: str) -> tuple[float, TermChange]:
-            s_old = self.scale(name)
-            c = coefficient(entry, name, self.config)
-            norm = add_term(self.u[name], deltas[name], c)
-            return norm, TermChange(c=c, s_old=s_old, s_new=slot_scale(after, name, self.config, norm))
-
-        names = list(self.u)
-        changes = {}
-        for name, (norm, change) in zip(names, parallel_map(one, names), strict=True):
-            self.u_norm[name], changes[name] = norm, change
-        self.entries = after
-        return changes
-
     def canonical_tensor(self, name: str, out: np.ndarray) -> tuple[float, float]:
-        """Write tensor ``name``'s canonical ``u`` into the float64 array ``out``; return (``‖u‖``, scale)."""
+        """Write tensor ``name``'s canonical ``u`` into the float64 array ``out`` (and keep it, rounded, if
+        this slot keeps its sums); return (``‖u‖``, scale)."""
         norm = accumulate_sorted(self.entries, self.config, {name: out})[name]
+        self._store(name, out, norm)
         return norm, slot_scale(self.entries, name, self.config, norm)
+
+    def fold_sum(self, name: str) -> np.ndarray:
+        """The array a late update's fold of tensor ``name`` works in (:meth:`change_by`): the kept float32
+        sum itself, or a new float64 array the sum is rebuilt in."""
+        return self.kept[name][0] if name in self.kept else np.empty(self.shapes[name], dtype=np.float64)
+
+    def change_by(self, entry: SlotEntry, name: str, x: np.ndarray, u: np.ndarray) -> TermChange:
+        """For a late ``entry`` whose tensor ``name`` is ``x``: make ``u`` (from :meth:`fold_sum`) this
+        slot's sum plus ``entry``'s term (``u + c·x``: the kept sum, updated in place, or the canonical sum
+        rebuilt into the float64 ``u``) and return how the tensor's aggregate changes. Call it for every
+        tensor, then :meth:`add` the entry."""
+        if name in self.kept and self.kept[name][0] is u:
+            norm_old = self.kept[name][1]
+        else:
+            norm_old = accumulate_sorted(self.entries, self.config, {name: u})[name]
+        s_old = slot_scale(self.entries, name, self.config, norm_old)
+        c = coefficient(entry, name, self.config)
+        norm = add_term(u, x, c)
+        self._store(name, u, norm)
+        return TermChange(c=c, s_old=s_old, s_new=slot_scale([*self.entries, entry], name, self.config, norm))
+
+    def add(self, entry: SlotEntry) -> None:
+        self.entries.append(entry)

@@ -8,18 +8,22 @@ counters, the config fingerprint, and the totals of the finalized slots (tokens 
 the fork choice of :mod:`protocol.ledger.fork` compares). The working state is not stored: the loader
 replays the canonical state (see :class:`~protocol.ledger.ledger.Ledger`).
 
-Versions: 4 stores every raw array and every entry payload as a list of bins (a msgpack bin holds at
+Versions: 5 stores the base state as float32 (the ledger's state dtype,
+:data:`~protocol.ledger.storage.STATE_DTYPE`; float64 before) and each raw array or payload either as one
+bin or, when it does not fit in one, as a list of bins (as version 4); it is the version written. Version
+4 stores every raw array and every entry payload as a list of bins (a msgpack bin holds at
 most 4 GiB − 1 bytes: a float64 tensor of 2^29 elements does not fit in one), concatenated on read. It is
 written only when some array or payload does not fit in one bin; otherwise the snapshot is written as
 version 3, so nodes that read only up to version 3 still sync from smaller models. 3 lets an entry carry
 its encoded payload instead of float32 deltas (int4: ~7.5× fewer bytes); 2 added ``applied_tokens`` (u64)
-and ``applied_sum`` (40 bytes, big-endian). Versions 1 to 4 are read. A version 1 snapshot is read only
+and ``applied_sum`` (40 bytes, big-endian). Versions 1 to 5 are read (a float64 base state is rounded to
+float32 when loaded). A version 1 snapshot is read only
 while nothing has been finalized (``base_slot`` 0: both totals are 0); past that its totals are unknown
 and it is refused (a node then starts fresh and syncs from its peers).
 
 Encoding (msgpack, binary strings on): a map with exactly the keys of ``_KEYS``; arrays are raw
-little-endian C-order bytes whose dtype is fixed by the field (float64 for the base state, float32 for
-deltas) and whose shape comes from ``"shapes"``. An entry is ``[update_id, origin, base_slot,
+little-endian C-order bytes whose dtype is fixed by the field and version (the base state: float32 from
+version 5, float64 before; deltas: float32) and whose shape comes from ``"shapes"``. An entry is ``[update_id, origin, base_slot,
 publish_slot, tokens, inner_steps, slot, deltas]``, sorted by ``update_id``, where ``deltas`` is either a
 map of raw float32 arrays or (version 3) ``[codec, payload]``: a codec name of
 :mod:`protocol.compression` and the payload bytes, which ``decode_tensors`` turns into the float32
@@ -52,7 +56,7 @@ from protocol.ledger.payload import Payload, decode_snapshot_payload
 __all__ = ["LedgerSnapshot", "SnapshotEntry"]
 
 FORMAT = "diloco-ledger-snapshot"
-VERSION = 4  # the newest version this module reads; ``to_pieces`` writes 3 unless a blob needs 4
+VERSION = 5  # the newest version this module reads, and the one ``to_pieces`` writes
 _BIN_MAX = (1 << 32) - 1  # the most bytes one msgpack bin holds
 _PIECE = 1 << 30  # version 4 cuts each array and payload into bins of this many bytes (the last shorter)
 _KEYS_V1 = frozenset(
@@ -109,7 +113,7 @@ class LedgerSnapshot:
         """The canonical encoding as pieces whose concatenation is :meth:`to_bytes`: msgpack headers and
         read-only views of the arrays and payloads (an array is copied only if its dtype or layout is not
         the encoded one). The views keep the arrays alive; the arrays must not change while they are used.
-        Version 3 unless an array or payload is too big for one bin (then version 4)."""
+        Version 5; an array or payload too big for one bin is a list of bins."""
         names = sorted(self.shapes)
         blobs: list[_Blob] = []
 
@@ -120,7 +124,7 @@ class LedgerSnapshot:
         def raw(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> dict[str, _Blob]:
             return {n: blob(np.ascontiguousarray(arrays[n], dtype=dtype).reshape(-1).view(np.uint8)) for n in names}
 
-        base_params, base_momentum = raw(self.base_params, _F64), raw(self.base_momentum, _F64)
+        base_params, base_momentum = raw(self.base_params, _F32), raw(self.base_momentum, _F32)
         entries = [
             [
                 e.meta.update_id,
@@ -134,10 +138,9 @@ class LedgerSnapshot:
             ]
             for e in sorted(self.entries, key=lambda e: e.meta.update_id)
         ]
-        split = any(len(b.view) > _BIN_MAX for b in blobs)
         doc = {
             "format": FORMAT,
-            "version": 4 if split else 3,
+            "version": VERSION,
             "slot": self.slot,
             "base_slot": self.base_slot,
             "config": dict(self.config),
@@ -152,7 +155,7 @@ class LedgerSnapshot:
             "applied_sum": self.applied_sum.to_bytes(SUM_BYTES, "big"),
         }
         pieces: list[bytes | memoryview] = []
-        _pack(doc, pieces, split, msgpack.Packer(use_bin_type=True))
+        _pack(doc, pieces, msgpack.Packer(use_bin_type=True))
         return pieces
 
     def to_bytes(self) -> bytes:
@@ -170,7 +173,7 @@ class LedgerSnapshot:
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
             raise _bad(f"undecodable: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or type(doc.get("version")) is not int \
-                or doc["version"] not in (1, 2, 3, VERSION):
+                or doc["version"] not in (1, 2, 3, 4, VERSION):
             version = doc.get("version") if isinstance(doc, dict) else None
             raise _bad(f"not a snapshot of a supported version (got {version!r}, reading 1 to {VERSION})")
         if set(doc) != (_KEYS_V1 if doc["version"] == 1 else _KEYS):
@@ -189,6 +192,7 @@ class LedgerSnapshot:
             raise _bad("config must be a map")
         shapes = _shapes(doc["shapes"])
         version = doc["version"]
+        base_dtype = _F32 if version >= 5 else _F64
         entries = tuple(_entry(x, shapes, version) for x in _list(doc["entries"], "entries"))
         chain = _bytes(doc["chain"], "chain")
         if len(chain) != 32:
@@ -207,8 +211,8 @@ class LedgerSnapshot:
             base_slot=base,
             config=doc["config"],
             shapes=shapes,
-            base_params=_arrays(doc["base_params"], shapes, _F64, "base_params", version),
-            base_momentum=_arrays(doc["base_momentum"], shapes, _F64, "base_momentum", version),
+            base_params=_arrays(doc["base_params"], shapes, base_dtype, "base_params", version),
+            base_momentum=_arrays(doc["base_momentum"], shapes, base_dtype, "base_momentum", version),
             entries=entries,
             chain=chain,
             seen=seen,
@@ -236,11 +240,11 @@ def _bin_header(size: int) -> bytes:
     return b"\xc6" + size.to_bytes(4, "big")  # OverflowError past _BIN_MAX
 
 
-def _pack(x: object, out: list[bytes | memoryview], split: bool, packer: msgpack.Packer) -> None:
+def _pack(x: object, out: list[bytes | memoryview], packer: msgpack.Packer) -> None:
     """Append to ``out`` the msgpack encoding of ``x`` (``msgpack.packb(x, use_bin_type=True)``, byte for
-    byte, with each ``_Blob`` as a bin, or with ``split`` as an array of bins of ``_PIECE`` bytes)."""
+    byte, with each ``_Blob`` as a bin, or, if it does not fit one, as an array of bins of ``_PIECE`` bytes)."""
     if isinstance(x, _Blob):
-        if not split:
+        if len(x.view) <= _BIN_MAX:
             out += [_bin_header(len(x.view)), x.view]
             return
         cuts = range(0, max(len(x.view), 1), _PIECE)  # an empty blob is one empty bin
@@ -251,12 +255,12 @@ def _pack(x: object, out: list[bytes | memoryview], split: bool, packer: msgpack
     elif type(x) is dict:
         out.append(packer.pack_map_header(len(x)))
         for k, v in x.items():
-            _pack(k, out, split, packer)
-            _pack(v, out, split, packer)
+            _pack(k, out, packer)
+            _pack(v, out, packer)
     elif type(x) is list:
         out.append(packer.pack_array_header(len(x)))
         for v in x:
-            _pack(v, out, split, packer)
+            _pack(v, out, packer)
     else:
         out.append(packer.pack(x))
 
@@ -293,9 +297,10 @@ def _shapes(x: object) -> dict[str, tuple[int, ...]]:
 
 
 def _blob(x: object, what: str, version: int) -> bytes:
-    """A raw array or payload: bytes (versions 1 to 3), or a non-empty list of bins joined (version 4;
-    the list is emptied so its bins are freed as soon as they are joined)."""
-    if version < 4:
+    """A raw array or payload: bytes (versions 1 to 3; 5 when it fits a bin), or a non-empty list of bins
+    joined (version 4; 5 when it does not fit a bin; the list is emptied so its bins are freed as soon as
+    they are joined)."""
+    if version < 4 or (version >= 5 and isinstance(x, bytes)):
         return _bytes(x, what)
     bins = _list(x, what)
     if not bins or not all(isinstance(b, bytes) for b in bins):

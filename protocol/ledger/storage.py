@@ -1,8 +1,10 @@
-"""Where a ledger keeps the arrays only its rare paths read: the window bottom ``θ_b, v_b`` (float64).
+"""Where a ledger keeps the arrays only its rare paths read: the window bottom ``θ_b, v_b``.
 
-The bottom is read and written once each time a slot leaves the window, and read when the window is
-replayed (a restore), for a snapshot and for the bottom digest: a pass over 16 bytes per parameter now and
-then, never per update. A :class:`BottomStore` hands the ledger its arrays and hears when a pass is over
+The ledger's state (the bottom and the working ``θ_n, v_n``) is :data:`STATE_DTYPE`, float32: the
+dtype the island trains in; every outer computation runs in float64 and rounds once into it
+(:mod:`protocol.ledger.outer`). The bottom is read and written once each time a slot leaves the window,
+and read when the window is replayed (a restore), for a snapshot and for the bottom digest: a pass over
+8 bytes per parameter now and then, never per update. A :class:`BottomStore` hands the ledger its arrays and hears when a pass is over
 (:meth:`~BottomStore.settle`), so an implementation can keep them in memory-mapped files and let their
 pages go between passes (``node.outer_files.MappedBottom``): the bottom then costs the process no resident
 memory between passes. The ledger stays free of I/O: it only calls these two methods.
@@ -15,17 +17,21 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["BottomStore", "InMemory"]
+__all__ = ["BottomStore", "InMemory", "STATE_DTYPE"]
+
+#: The dtype of the ledger's parameters and momentum (working state, window bottom, snapshots).
+STATE_DTYPE = np.dtype(np.float32)
 
 
 class BottomStore(Protocol):
     def allocate(self, shape: tuple[int, ...]) -> np.ndarray:
-        """A fresh writable C-contiguous float64 array of ``shape`` (contents undefined)."""
+        """A fresh writable C-contiguous :data:`STATE_DTYPE` array of ``shape`` (contents undefined)."""
         ...
 
-    def settle(self, arrays: Iterable[np.ndarray]) -> None:
-        """A pass over ``arrays`` (allocated here) is over: their memory may leave the process until the
-        next access, which must see the same values."""
+    def settle(self, arrays: Iterable[np.ndarray | memoryview]) -> None:
+        """A pass over ``arrays`` is over: their memory may leave the process until the next access,
+        which must see the same values. They are arrays allocated here, or the data of entries' payloads
+        (which a node maps from its blob files: their pages may go too)."""
         ...
 
 
@@ -33,7 +39,7 @@ class InMemory:
     """The default: plain numpy arrays; settling does nothing."""
 
     def allocate(self, shape: tuple[int, ...]) -> np.ndarray:
-        return np.empty(shape, dtype=np.float64)
+        return np.empty(shape, dtype=STATE_DTYPE)
 
-    def settle(self, arrays: Iterable[np.ndarray]) -> None:
+    def settle(self, arrays: Iterable[np.ndarray | memoryview]) -> None:
         pass

@@ -23,5 +23,6 @@ def test_async_matches_sync_and_staleness_weighting_helps():
     assert loss["async-unweighted"] >= 1.10 * loss["async-weighted"]
     for mode in ("async-weighted", "async-unweighted"):
         for r in res[mode]:
-            assert r.replica_gap < 1e-12  # every replica ends with the same parameters
+            assert r.canonical_agree  # every replica ends with the same canonical state, bit for bit
+            assert r.replica_gap < 1e-5  # and working state, up to the float32 rounding of late folds
             assert r.counters["folded-late"] + r.counters["held-future"] > 0  # the async paths were exercised

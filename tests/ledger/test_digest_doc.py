@@ -39,7 +39,7 @@ def test_the_worked_example_follows_from_the_written_definitions() -> None:
     genesis = H(b"diloco/ledger-genesis/v1")
     slot1 = H(b"diloco/ledger-slot/v1\0" + struct.pack(">QI", 1, 0))
     ledger = H(b"diloco/ledger/v1\0" + struct.pack(">Q", 0) + genesis + slot1)
-    theta, momentum = np.array([1.0, -2.0, 0.5]), np.zeros(3)
+    theta, momentum = np.array([1.0, -2.0, 0.5], dtype="<f4"), np.zeros(3, dtype="<f4")
     bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", momentum) + tree_entry("theta/w", theta))
     state = H(b"diloco/ledger-state/v2\0" + bottom + ledger)
     assert doc == {
@@ -63,11 +63,10 @@ def test_the_ledger_computes_the_worked_example() -> None:
 
 def test_pieces_are_cut_every_4_mib() -> None:
     """A tensor of 1.5 pieces hashes as two pieces, so the digest differs from one over the whole bytes."""
-    n = 3 * (1 << 22) // 16  # float64 elements in 1.5 pieces
-    theta = np.arange(n, dtype=np.float32)
+    n = 3 * (1 << 22) // 8  # float32 elements in 1.5 pieces
+    theta, momentum = np.arange(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
     led = Ledger({"w": theta}, LedgerConfig())
-    bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", np.zeros(n))
-               + tree_entry("theta/w", theta.astype(np.float64)))
+    bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", momentum) + tree_entry("theta/w", theta))
     assert led.bottom_digest() == bottom
-    whole = np.zeros(n).tobytes()
-    assert tree_entry("momentum/w", np.zeros(n)).endswith(H(whole[: 1 << 22]) + H(whole[1 << 22:]))
+    whole = momentum.tobytes()
+    assert tree_entry("momentum/w", momentum).endswith(H(whole[: 1 << 22]) + H(whole[1 << 22:]))

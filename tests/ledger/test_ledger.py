@@ -107,8 +107,8 @@ def test_late_fold_equals_in_order_reference_with_lr_schedule():
         led.close_slot()
     for u in reversed(late):  # arrive after slot 5 closed, newest first
         assert led.add(*u) is Outcome.FOLDED_LATE
-    assert rel_diff(led.params(np.float64), ref.params(np.float64)) < 1e-13
-    assert rel_diff(led.momentum(), ref.momentum()) < 1e-13
+    assert rel_diff(led.params(np.float64), ref.params(np.float64)) < 1e-6  # float32 state: fold rounding
+    assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) < 1e-6
     assert led.params_digest() == ref.params_digest()
     assert led.params_digest() == ref.params_digest()
     assert led.ledger_digest() == ref.ledger_digest()

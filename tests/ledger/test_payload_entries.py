@@ -67,8 +67,8 @@ def test_a_ledger_keeping_payloads_holds_the_same_bits_as_one_keeping_deltas(cod
         assert kept.params(np.float64)[name].tobytes() == bare.params(np.float64)[name].tobytes()
     canonical, _ = kept.canonical_state()
     working = kept.params(np.float64)
-    for name in SHAPES:  # rebuilt sums are canonical, the others in arrival order: equal up to rounding
-        assert np.linalg.norm(working[name] - canonical[name]) <= 1e-13 * np.linalg.norm(canonical[name])
+    for name in SHAPES:  # late folds round (float32) in arrival order: equal up to that rounding
+        assert np.linalg.norm(working[name] - canonical[name]) <= 1e-6 * np.linalg.norm(canonical[name])
 
 
 def test_a_payload_can_stay_in_its_blob_file(tmp_path) -> None:

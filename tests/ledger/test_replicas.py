@@ -112,12 +112,11 @@ def test_replicas_agree_whatever_the_order(case, order_seed):
     replicas.append(shuffled(case, rnd, snapshot_at=rnd.randint(1, len(case.updates) + case.slots)))
     for led in replicas:
         assert led.slot == ref.slot
-        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-9
-        assert rel_diff(led.momentum(), ref.momentum()) <= 1e-9
-        # canonical state: exact bits
+        assert led.params_digest() == ref.params_digest()  # the canonical state, bit for bit
+        # the working state: late folds round (float32 state) in arrival order
+        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-5
+        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= 1e-5
         assert led.ledger_digest() == ref.ledger_digest()
-        assert led.params_digest() == ref.params_digest()
-        assert led.params_digest() == ref.params_digest()
         assert sum(led.counters[k] for k in ("applied-open", "folded-late", "held-future")) == len(case.updates)
         assert led.counters["applied-stale"] == led.counters["dropped-stale"] == led.counters["duplicate"] == 0
 

@@ -21,9 +21,11 @@ GIB = 1 << 30
 def test_a_checkpoint_over_4_gib_is_written_and_resumed_from(tmp_path: Path) -> None:
     if psutil.virtual_memory().available < 6 * GIB or shutil.disk_usage(tmp_path).free < 6 * GIB:
         pytest.skip("needs 6 GiB of free memory and 6 GiB of free disk")
-    numel = (1 << 28) + (1 << 16)  # float64 θ and momentum: 4 GiB + 1 MiB of snapshot
-    snap = LedgerSnapshot(slot=0, base_slot=0, config={}, shapes={"w": (numel,)}, base_params={"w": np.zeros(numel)},
-                          base_momentum={"w": np.zeros(numel)}, entries=(), chain=bytes(32), seen=(), counters={})
+    numel = (1 << 29) + (1 << 16)  # float32 θ and momentum: 4 GiB + 512 KiB of snapshot
+    zeros = {"w": np.zeros(numel, np.float32)}
+    snap = LedgerSnapshot(slot=0, base_slot=0, config={}, shapes={"w": (numel,)}, base_params=zeros,
+                          base_momentum={"w": np.zeros(numel, np.float32)}, entries=(), chain=bytes(32), seen=(),
+                          counters={})
     pieces = snap.to_pieces()
     d = CheckpointDir(tmp_path / "ckpt", keep=1)
     try:
