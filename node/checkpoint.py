@@ -44,6 +44,8 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
+from node.outer_files import drop_pages
+
 __all__ = ["Checkpoint", "CheckpointDir", "CheckpointError", "decode_checkpoint", "encode_checkpoint",
            "read_checkpoint", "write_checkpoint"]
 
@@ -123,6 +125,7 @@ def write_checkpoint(f: BinaryIO, ckpt: Checkpoint) -> None:
             chunk = blob[i: i + _CHUNK]
             digest.update(chunk)
             f.write(chunk)
+        drop_pages(blob)  # a payload mapped from its blob file: its pages need not stay resident
     f.write(digest.digest())
 
 

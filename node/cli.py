@@ -241,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(args.log_level)
     try:
+        from node.outer_files import return_freed_memory
         from node.runtime import NodeRuntime
+
+        return_freed_memory()
 
         runtime = NodeRuntime(settings_from_args(args))
         return trio.run(_serve, runtime, args.stop_timeout)

@@ -19,7 +19,10 @@ re-learn the node's own last update, which the slot's aggregate then adds a seco
 `BaseShift` is the hand-over between the node's rounds (`post`, on every change of θ, called from one
 worker thread at a time, never concurrently) and the worker thread running the inner loop (`take`,
 polled before each step by `InnerLoop.run`). Both sides keep their own view: the posting side the
-newest base it posted, the inner loop the base it has actually applied.
+newest base it posted, the inner loop the base it has actually applied. Posted bases are never modified
+(the poster hands them over), so a take makes the applied base *the same arrays* as the posted one: the
+shift holds one model-sized float32 base (4 bytes per parameter), two only while a move waits, and the
+move itself while the inner loop adds it.
 """
 
 from __future__ import annotations
@@ -36,36 +39,29 @@ class BaseShift:
     """Moves of the global parameters, handed from the trio thread to a round's worker thread."""
 
     def __init__(self, base: Mapping[str, np.ndarray], base_slot: int) -> None:
-        """`base` (float32, not modified here) must not be modified by the caller afterwards."""
+        """`base` (float32 arrays, read here, never modified) is handed over: the caller must not modify
+        it afterwards."""
         self._lock = threading.Lock()
-        self._posted = dict(base)  # posting side
-        self._pending: dict[str, np.ndarray] | None = None
-        self._pending_slot = base_slot
-        self.applied = {k: np.array(v, np.float32, copy=True) for k, v in base.items()}  # worker side
+        self._posted: tuple[dict[str, np.ndarray], int] | None = None  # a base not taken yet, and its slot
+        self.applied = dict(base)  # worker side: the base the round trains from (read-only by contract)
         self.applied_slot = base_slot  # slot of the global parameters the round now trains from
         self.moves = 0  # shifts applied
 
     def post(self, params: Mapping[str, np.ndarray], slot: int) -> None:
         """The base is now `params` (float32, at `slot`); the caller hands them over and must not modify
-        them afterwards. A pass over every parameter: call it from a worker thread."""
-        moved = {k: params[k] - self._posted[k] for k in self._posted}
-        self._posted = dict(params)
+        them afterwards. Replaces a base posted earlier and not taken yet."""
         with self._lock:
-            if self._pending is None:
-                self._pending = moved
-            else:
-                for k, v in moved.items():
-                    self._pending[k] += v
-            self._pending_slot = slot
+            self._posted = (dict(params), slot)
 
     def take(self) -> dict[str, np.ndarray] | None:
-        """Worker thread, before an inner step: the move to add to the local parameters, if any."""
+        """Worker thread, before an inner step: the move to add to the local parameters (new base minus
+        the applied one), if a base was posted since the last take. A pass over every parameter."""
         with self._lock:
-            moved, slot, self._pending = self._pending, self._pending_slot, None
-        if moved is None:
+            posted, self._posted = self._posted, None
+        if posted is None:
             return None
-        for k, v in moved.items():
-            self.applied[k] += v
-        self.applied_slot = slot
+        base, slot = posted
+        moved = {k: base[k] - self.applied[k] for k in self.applied}
+        self.applied, self.applied_slot = base, slot
         self.moves += 1
         return moved

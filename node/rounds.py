@@ -199,7 +199,7 @@ class Rounds:
         return max(0.0, target - (self.overhead_s or 0.0))
 
     def _train(self, shift: BaseShift, should_stop: ShouldStop,
-               phases: dict[str, float]) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:
+               phases: dict[str, float]) -> tuple[RoundResult, bytes | None]:
         """Worker thread: start from the round's base, run the round (following the moves of the global
         parameters that `shift` hands over), and, unless it was interrupted, compress its Δ against the
         moved base (with error feedback). One thread hop for the three; their times go to `phases`."""
@@ -211,18 +211,18 @@ class Rounds:
         if self._interrupted(result):
             return result, None
         started = time.perf_counter()
-        compressed = compress(self.feedback, make_delta(shift.applied, result.params))
+        payload = compress(self.feedback, make_delta(shift.applied, result.params))
         phases["compress"] = time.perf_counter() - started
-        return result, compressed
+        return result, payload
 
-    async def _base(self, pending: PendingUpdate | None) -> dict[str, np.ndarray]:
-        """The parameters a round trains from: the global ones, minus this node's own update while that
-        update's slot is open (`node.rebase`: its own progress stands in for the slot's aggregate).
-        The subtraction runs in a worker thread: it is a pass over every parameter."""
+    async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
+        """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
+        update while that update's slot is open (`node.rebase`: its own progress stands in for the slot's
+        aggregate). The subtraction runs in a worker thread: it is a pass over every parameter."""
         slot, params = await self.replica.params_at()  # not `replica.slot` after: a close may come between
         if pending is not None and slot < pending.slot:
             await trio.to_thread.run_sync(_subtract, params, pending.delta)
-        return params
+        return slot, params
 
     async def _follow(self, shift: BaseShift, pending: PendingUpdate | None) -> None:
         """Trio side of `shift`: post the new base whenever a slot closes or a late update is folded in,
@@ -233,10 +233,11 @@ class Rounds:
             now = (self.replica.slot, self.replica.outcomes[Outcome.FOLDED_LATE.value])
             if now != seen:
                 seen = now
-                await trio.to_thread.run_sync(shift.post, await self._base(pending), self.replica.slot)
+                slot, base = await self._base(pending)
+                shift.post(base, slot)
 
     async def _train_through_close(self, shift: BaseShift, should_stop: ShouldStop, phases: dict[str, float],
-                                   ) -> tuple[RoundResult, tuple[bytes, dict[str, np.ndarray]] | None]:
+                                   ) -> tuple[RoundResult, bytes | None]:
         """Run the round in a worker thread while, on the trio side, the slot of the previous round's update
         is closed (`close_wait`) and the round follows the global parameters (`_follow`). If the slot is
         still open when the round ends, it is closed then (before this round's update is published)."""
@@ -259,20 +260,20 @@ class Rounds:
         started = trio.current_time()
         phases: dict[str, float] = {}
         clock = _PhaseClock(phases)
-        shift = BaseShift(await self._base(self.pending), self.replica.slot)
+        slot, base = await self._base(self.pending)
+        shift = BaseShift(base, slot)
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),
                                  min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
-        result, compressed = await self._train_through_close(shift, should_stop, phases)
+        result, payload = await self._train_through_close(shift, should_stop, phases)
         base_slot = shift.applied_slot
         clock.lap("train_hop")
         phases["inner_steps"] = result.seconds
         phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
-        if compressed is None:
+        if payload is None:
             log.info("round %d interrupted after %d steps: not published", self.stats.round + 1, result.steps)
             return False
-        payload, dequantized = compressed
         publish_slot = self.replica.slot
         signed = await self.host.publish_update(
             payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens, inner_steps=result.steps,
@@ -280,7 +281,8 @@ class Rounds:
         clock.lap("publish")
         meta = update_meta(signed)
         stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
-        outcome, _ = await self.replica.add(meta, dequantized, stored)  # kept on disk (mapped), not in memory
+        stored_deltas = await trio.to_thread.run_sync(PayloadDeltas.validated, stored, self.shapes)
+        outcome, _ = await self.replica.add(meta, stored_deltas, stored)  # kept on disk (mapped), not in memory
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
@@ -291,7 +293,7 @@ class Rounds:
             await self.misbehave.act(base_slot, publish_slot)
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
             # Its Δ is read once, when the next round's base subtracts it: decoded then from the mapped blob.
-            self.pending = PendingUpdate(meta.target_slot, result.steps, PayloadDeltas(stored, self.shapes))
+            self.pending = PendingUpdate(meta.target_slot, result.steps, stored_deltas)
         elapsed = trio.current_time() - started
         overhead = max(0.0, elapsed - result.seconds)
         self._published_here += 1

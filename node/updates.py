@@ -1,10 +1,11 @@
 """Glue between signed update headers, their payload blobs and the ledger.
 
-Outgoing: `make_delta` (Δ = θ_base − θ_local) and `compress` (error feedback → payload + the dequantized Δ
-that every receiver will decode, which the sender adds to its own ledger). Incoming: `accept_hook`
+Outgoing: `make_delta` (Δ = θ_base − θ_local) and `compress` (error feedback → the payload, whose decode
+every receiver, and the sender's own ledger, reads). Incoming: `accept_hook`
 refuses headers that cannot fit this node's model before any download (the router counts and penalizes);
-`decode_update` turns a fetched payload into float32 deltas (and the `Payload` the ledger keeps with
-them), refusing bad ones with a named `Reason`;
+`decode_update` checks a fetched payload, tensor by tensor, and hands the ledger the `Payload` and its
+`PayloadDeltas` (which decode a tensor when read: nothing model-sized is kept decoded), refusing bad
+ones with a named `Reason`;
 `update_meta` copies the header fields the ledger uses.
 """
 
@@ -16,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from node.outer_files import drop_pages, map_blob
-from protocol.compression import Codec, ErrorFeedback, decode_tensors
+from protocol.compression import ErrorFeedback, payload_size
+from protocol.compression.formats import as_codec_remote
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import Payload, UpdateMeta
+from protocol.ledger import Payload, PayloadDeltas, UpdateMeta
 from protocol.messages import Signed, UpdateHeader
 
 __all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
@@ -58,17 +60,22 @@ def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
     return accept
 
 
-def decode_update(header: UpdateHeader, blob: Path | bytes,
-                  shapes: Shapes) -> tuple[dict[str, np.ndarray], Payload]:
-    """Float32 deltas of a fetched payload, and the payload they are the exact decode of (for
-    `Ledger.add`; a stored blob is kept memory-mapped, `map_blob`). Raises RemoteProtocolError
+def decode_update(header: UpdateHeader, blob: Path | bytes, shapes: Shapes) -> tuple[PayloadDeltas, Payload]:
+    """A fetched payload's deltas, checked (every tensor decoded once, in parallel threads, its norm kept),
+    and the payload (for `Ledger.add`; a stored blob is kept memory-mapped, `map_blob`). The deltas decode
+    a tensor whenever the ledger reads one: no model-sized float32 copy. Raises RemoteProtocolError
     (SHAPE_MISMATCH, BAD_CODEC, NON_FINITE, MALFORMED) for a payload that does not fit; blocking (file
     read), run it in a thread."""
     check_header(header, shapes)
     data = map_blob(blob) if isinstance(blob, Path) else bytes(blob)
-    deltas = decode_tensors(data, header.codec, dict(shapes))
+    payload = Payload(as_codec_remote(header.codec), data)
+    expected = payload_size(shapes, payload.codec)
+    if len(data) != expected:
+        raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"{payload.codec} payload is {len(data)} bytes, "
+                                  f"the shapes need {expected}")
+    deltas = PayloadDeltas.validated(payload, shapes)
     drop_pages(data)
-    return deltas, Payload(Codec(header.codec), data)
+    return deltas, payload
 
 
 def make_delta(base: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,6 +83,7 @@ def make_delta(base: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]) 
     return {name: np.asarray(base[name] - local[name], dtype=np.float32) for name in base}
 
 
-def compress(feedback: ErrorFeedback, delta: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
-    """(payload, dequantized Δ) with error feedback; the dequantized Δ is what receivers decode."""
-    return feedback.compress(delta)
+def compress(feedback: ErrorFeedback, delta: dict[str, np.ndarray]) -> bytes:
+    """The payload of Δ with error feedback; `delta` (from `make_delta`) becomes the next residual in place
+    (`ErrorFeedback.compress_payload`: no dequantized copy; receivers decode the payload)."""
+    return feedback.compress_payload(delta)

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from protocol.compression.formats import Codec, as_codec_local
-from protocol.compression.tensors import as_float32_array, decode_tensors, encode_tensors
+from protocol.compression.tensors import (as_float32_array, decode_span, decode_tensors, encode_tensors,
+                                         record_offsets)
 from protocol.errors import LocalProtocolError
 from protocol.parallel import parallel_map
 
@@ -57,6 +58,32 @@ class ErrorFeedback:
         parallel_map(lambda name: np.subtract(corrected[name], dequantized[name], out=corrected[name]), corrected)
         self._residual = corrected
         return payload, dequantized
+
+    def compress_payload(self, delta: dict[str, np.ndarray]) -> bytes:
+        """`compress` for a caller that gives up `delta` and needs no dequantized copy: `delta`'s arrays
+        (writable, C-contiguous float32) become the next residual in place (`delta + residual`, encoded,
+        minus its decode, tensor by tensor), so compressing holds no model-sized buffer beyond `delta`
+        and the payload. Same payload and residual bits as `compress`. Raises LocalProtocolError (names,
+        shapes, dtypes, or a corrected update that cannot be encoded) with the residual untouched;
+        `delta` then holds `delta + residual`."""
+        for name, x in delta.items():
+            if not isinstance(name, str) or not isinstance(x, np.ndarray) or x.dtype != np.float32 \
+                    or not x.flags.writeable or not x.flags.c_contiguous:
+                raise LocalProtocolError(f"{name!r}: expected a writable C-contiguous float32 numpy array")
+        if self._residual:
+            _check_same_layout(self._residual, delta)
+            residual = self._residual
+            parallel_map(lambda name: np.add(delta[name], residual[name], out=delta[name]), delta)
+        payload = encode_tensors(delta, self.codec)
+        offsets = record_offsets({name: x.shape for name, x in delta.items()}, self.codec)
+
+        def settle(name: str) -> None:
+            flat = delta[name].reshape(-1)
+            flat -= decode_span(payload, self.codec, offsets[name], flat.size, name, 0, flat.size)
+
+        parallel_map(settle, delta)
+        self._residual = dict(delta)
+        return payload
 
     def reset(self) -> None:
         """Forget the residual (e.g. after the sender re-synchronised its parameters)."""

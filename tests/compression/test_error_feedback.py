@@ -126,3 +126,28 @@ def test_residual_view_is_read_only() -> None:
     feedback.compress(round_delta(np.random.default_rng(5), 0))
     with pytest.raises(ValueError):
         feedback.residual["embed"][0, 0] = 1.0
+
+
+@pytest.mark.parametrize("codec", [Codec.INT4, Codec.INT8, Codec.BF16, Codec.FP32])
+def test_compress_payload_gives_compress_bits_with_delta_as_the_residual(codec: Codec) -> None:
+    """The node's path (Δ becomes the residual in place, no dequantized copy) sends the same payloads and
+    keeps the same residual as `compress`, round after round."""
+    rng = np.random.default_rng(3)
+    copying, in_place = ErrorFeedback(codec), ErrorFeedback(codec)
+    for r in range(4):
+        delta = {k: np.array(v, dtype=np.float32) for k, v in round_delta(rng, r).items()}  # arrays, as make_delta's
+        payload, _ = copying.compress({k: v.copy() for k, v in delta.items()})
+        assert in_place.compress_payload(delta) == payload
+        for name in SHAPES:
+            assert in_place.residual[name].tobytes() == copying.residual[name].tobytes()
+            assert np.shares_memory(in_place.residual[name], delta[name])  # no copy was made
+
+
+def test_compress_payload_refuses_arrays_it_cannot_take_over() -> None:
+    feedback = ErrorFeedback(Codec.INT4)
+    frozen = np.ones(8, np.float32)
+    frozen.flags.writeable = False
+    for bad in (frozen, np.ones(8, np.float64), np.ones((8, 2), np.float32).T):
+        with pytest.raises(LocalProtocolError):
+            feedback.compress_payload({"w": bad})
+    assert feedback.residual == {}

@@ -59,3 +59,38 @@ def test_files_left_by_a_killed_process_are_removed(tmp_path) -> None:
     (tmp_path / "outer" / "bottom-abc123").write_bytes(b"x" * 100)
     MappedBottom(tmp_path / "outer")
     assert list((tmp_path / "outer").iterdir()) == []
+
+
+def test_a_restart_removes_the_blobs_its_previous_process_left(tmp_path) -> None:
+    from node.outer_files import remove_old_blobs
+
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for data in (b"one", b"two" * 100):
+        (blobs / hashlib.sha256(data).hexdigest()).write_bytes(data)
+    (blobs / f"{'a' * 64}.1234.part").write_bytes(b"half")
+    (blobs / "notes.txt").write_text("not a blob")  # a name the blob store never gives: left alone
+    assert remove_old_blobs(blobs) == (3, 3 + 300 + 4)
+    assert [p.name for p in blobs.iterdir()] == ["notes.txt"]
+    assert remove_old_blobs(tmp_path / "absent") == (0, 0)
+
+
+def test_freed_temporaries_leave_the_process() -> None:
+    """With the node's allocator setting, a freed tensor-sized buffer is unmapped at once (glibc)."""
+    from node.outer_files import return_freed_memory
+
+    if not return_freed_memory():
+        import pytest
+
+        pytest.skip("not glibc")
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    for _ in range(3):  # glibc would raise its threshold after the first free, and keep the next ones
+        before = rss()
+        a = np.ones(8 << 20, dtype=np.uint8)  # 8 MiB, under glibc's largest dynamic threshold (32 MiB)
+        assert rss() - before >= 7 << 20
+        del a
+        assert rss() - before < 1 << 20
