@@ -1,18 +1,21 @@
-"""State sync: serving this node's state to joiners, and joining from other nodes' states.
+"""State sync: joining from other nodes' states (serving them: `node.stateserve`).
 
-Serving. `GET /state` answers the canonical bytes of this node's latest signed `StateManifest` (run id,
-origin, slot, ledger and params digests, and one blob, `ledger`: the `LedgerSnapshot` bytes, which hold
-the window-bottom parameters and momentum, every update in the window and the seen ids). The snapshot
-is made on demand, at most once per ledger change, stored as a content-addressed blob (served by
-`GET /blobs/<sha256>`) and announced with `Host.publish_manifest`; the last `KEEP_SNAPSHOTS` snapshot
-blobs are kept so a download in progress survives the next requests. 503 while this node has no state.
+Serving (`node.stateserve.StateServer`). `GET /state` answers the canonical bytes of this node's latest
+signed `StateManifest` (run id, origin, slot, ledger and params digests, and one blob, `meta`: the state
+without its arrays and payload bytes, with the piece index of the window bottom). The bottom is served
+piece by piece (`GET /state/bottom/<bottom digest>/<piece>`), the window's payloads as blobs. 503 while
+this node has no state. The formats and checks are PROTOCOL.md's "State sync".
 
 Joining (`sync_state`). Ask every connected peer for its manifest (each one is verified like a gossiped
 message: schema, run id, signature, and its origin must be the peer asked), then `choose`: the freshest
 state confirmed by two peers (same slot, same ledger and params digests); else the freshest one, with a
-logged warning. Download its `ledger` blob from the peers that vouched for it (hash checked by the blob
-client), load it, and check that the loaded ledger's digests equal the manifest's (`bad_state` if not,
-and the next candidate is tried). A node whose own state is as fresh keeps it.
+logged warning. Download it with `node.statefetch.download_state`: the meta from one vouching donor (the
+next if it fails or does not verify against its manifest), the bottom's pieces from *all* of them in
+parallel, each piece checked against the signed params digest's hash tree before it is written to disk
+(a donor that dies mid-way costs only its in-flight pieces; one that sends a bad piece is refused with
+`bad_chunk` and dropped; verified pieces survive for the next attempt), the payloads from any peer. The
+loaded ledger's digests must equal the manifest's (`bad_state` if not, and the next candidate is
+tried). A node whose own state is as fresh keeps it.
 
 A node given bootstrap peers never starts a run of its own: while no peer is connected (a wrong or not
 yet started `--peers` address) it keeps waiting, its dials retried with backoff and each failure logged
@@ -31,70 +34,25 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from p2p import Host, Request, Response, TransportError
+from node.statefetch import PieceHook, download_state
+from node.stateserve import STATE_PATH, StateServer
+from p2p import Host, TransportError
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import BottomStore, Ledger, LedgerConfig, LedgerSnapshot
+from protocol.ledger import BottomStore, Ledger, LedgerConfig
 from protocol.messages import Signed, StateManifest
 from protocol.validation import Validator
-from protocol.wire import encode
-from node.replica import Replica
 
-__all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest", "fetch_manifests",
-           "read_peer_blob", "sync_state"]
+__all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest",
+           "fetch_manifests", "sync_state"]
 
 log = logging.getLogger("node.join")
-
-STATE_PATH = "/state"
-LEDGER_BLOB = "ledger"
-MANIFEST_TYPE = "application/x-diloco-manifest"
-KEEP_SNAPSHOTS = 6  # snapshot blobs kept for downloads in progress (repairs ask every round after a fork)
-
-
-class StateServer:
-    """Answers `GET /state` for one node (see the module docstring)."""
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.replica: Replica | None = None  # set once this node has a state
-        self._lock = trio.Lock()
-        self._cached: tuple[int, bytes] | None = None  # (replica version, manifest bytes)
-        self._blobs: list[str] = []
-
-    def mount(self) -> None:
-        self.host.http.route("GET", STATE_PATH, self.handle)
-
-    async def handle(self, request: Request) -> Response:
-        if self.replica is None:
-            return Response.text(503, "no state yet (syncing)\n")
-        return Response(200, await self.manifest_bytes(), {"content-type": MANIFEST_TYPE})
-
-    async def manifest_bytes(self) -> bytes:
-        replica = self.replica
-        assert replica is not None
-        async with self._lock:
-            version = replica.version
-            if self._cached is not None and self._cached[0] == version and self.host.store.has(self._blobs[-1]):
-                return self._cached[1]
-            snap, ledger_digest, params_digest = await replica.snapshot()
-            data = await trio.to_thread.run_sync(snap.to_bytes)
-            blob = await self.host.add_blob(data)
-            signed = await self.host.publish_manifest(snap.slot, ledger_digest, params_digest, [(LEDGER_BLOB, blob)])
-            if blob in self._blobs:
-                self._blobs.remove(blob)
-            self._blobs.append(blob)  # newest last: the cached manifest's blob is `_blobs[-1]`
-            while len(self._blobs) > KEEP_SNAPSHOTS:
-                old = self._blobs.pop(0)
-                self.host.store.remove(old)
-                self.host.router.forget_blob(old)
-            self._cached = (version, encode(signed))
-            log.info("serving state of slot %d (ledger %s, %d bytes)", snap.slot, ledger_digest.hex()[:16], len(data))
-            return self._cached[1]
 
 
 @dataclass(frozen=True)
 class Choice:
-    """Manifests of one state (same slot and digests), one per origin. Snapshot bytes may differ between
-    origins (they carry per-replica counters), so each origin's blob is fetched from that origin."""
+    """Manifests of one state (same slot and digests), one per origin: its donors. Meta bytes may differ
+    between origins (they carry per-replica counters), so each origin's meta is fetched from that origin;
+    the bottom's pieces are the same bytes on every donor."""
 
     manifests: tuple[StateManifest, ...]
 
@@ -180,72 +138,30 @@ async def fetch_manifests(client: httpx.AsyncClient, host: Host, run_id: str) ->
     return out, bool(asked) and len(syncing) == len(asked)
 
 
-async def read_peer_blob(host: Host, blob: str, size: int, peer: str) -> bytes:
-    """The bytes of `peer`'s blob `blob` (a state snapshot), fetched for one use. Removed from the store
-    afterwards, unless this node held it already: equal states can have equal snapshot bytes, and then
-    the blob is this node's own served snapshot (removing it made the peers' downloads of it fail).
-    Raises TransportError (nobody served it, or it could not be read)."""
-    had = host.store.has(blob)
-    path = await host.fetch_blob(blob, size, [peer])
-    try:
-        return await trio.to_thread.run_sync(path.read_bytes)
-    except OSError as exc:
-        raise TransportError(f"blob {blob[:12]}: {exc}", peer=peer) from exc
-    finally:
-        if not had:
-            host.store.remove(blob)
-            host.router.forget_blob(blob)
-
-
 @dataclass(frozen=True)
 class SyncResult:
+    """The state taken: its ledger, its seen ids, the candidate it came from, and the payload blobs the
+    download added to the store, as (target slot, blob), for the node's blob clean-up."""
+
     ledger: Ledger
-    snapshot: LedgerSnapshot
+    seen: tuple[bytes, ...]
     choice: Choice
-
-
-async def _load(host: Host, choice: Choice, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]],
-                bottom: BottomStore | None) -> SyncResult:
-    """Download and verify the state of `choice`, from each vouching origin in turn until one works."""
-    failures = []
-    for manifest in choice.manifests:
-        refs = {name: (sha.hex(), size) for name, sha, size in manifest.blobs}
-        if LEDGER_BLOB not in refs:
-            failures.append(f"{manifest.origin}: no ledger blob")
-            continue
-        blob, size = refs[LEDGER_BLOB]
-        try:
-            data = await read_peer_blob(host, blob, size, manifest.origin)
-        except TransportError as exc:
-            failures.append(f"{manifest.origin}: {exc}")
-            continue
-
-        def work() -> SyncResult:
-            snap = LedgerSnapshot.from_bytes(data)
-            ledger = Ledger.from_snapshot(snap, config, shapes, bottom=bottom)
-            if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
-                raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
-            return SyncResult(ledger, snap, choice)
-
-        try:
-            return await trio.to_thread.run_sync(work)
-        except RemoteProtocolError as exc:
-            host.counters.rejected(manifest.origin, exc.reason)
-            failures.append(f"{manifest.origin}: {exc}")
-    raise TransportError(f"no origin served a usable state: {'; '.join(failures)}")
+    payloads: tuple[tuple[int, str], ...] = ()
 
 
 async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
                      own: tuple[int, bytes] | None, timeout_s: float | None, retry_s: float,
                      bottom: BottomStore | None = None,
-                     waiting: Callable[[str | None], None] = lambda what: None) -> SyncResult | None:
+                     waiting: Callable[[str | None], None] = lambda what: None,
+                     on_piece: PieceHook | None = None) -> SyncResult | None:
     """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest):
     no peer is fresher than ours, every connected peer asked three times in a row had no state either
     (all syncing, e.g. a whole run starting or restarting at once: they start together).
     Raises `NoPeerState` when `timeout_s` passes (None: never; a node with bootstrap peers waits until
     it is stopped rather than train alone).
     Waits `retry_s` between asks; asks up to three times for a confirmed state before settling for an
-    unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting)."""
+    unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting); `on_piece(peer,
+    index)` of every verified bottom piece (`node.statefetch`)."""
     deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
     unconfirmed_tries = empty_asks = 0
     try:
@@ -274,14 +190,16 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                     for choice in choices:
                         waiting(f"the download of the state of slot {choice.manifest.slot}")
                         try:
-                            result = await _load(host, choice, config, shapes, bottom)
+                            loaded = await download_state(host, choice.manifests, config, shapes, bottom,
+                                                          on_piece=on_piece)
                         except (RemoteProtocolError, TransportError, OSError) as exc:
                             log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
                                         choice.confirmed_by, exc)
                             continue
                         log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
                                  choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
-                        return result
+                        return SyncResult(loaded.ledger, loaded.meta.seen, choice,
+                                          tuple(loaded.fetched_payloads()))
                 if choices:
                     unconfirmed_tries += 1
                     waiting("a second peer to confirm the state of slot "

@@ -1,5 +1,5 @@
-"""Anti-entropy and fork choice: reconcile this replica with a peer's state snapshot (which carries every
-update of the peer's window with its deltas, its seen ids and the totals of its finalized slots).
+"""Anti-entropy and fork choice: reconcile this replica with a peer's state (its meta lists every update
+of the peer's window with its payload blob, its seen ids and the totals of its finalized slots).
 
 `pull_missing` compares the two states with `protocol.ledger.reconcile` (the rule is written there):
 
@@ -22,25 +22,31 @@ at the last comparison, and with a peer that sent a fork hint; and at once with 
 update that arrived after its slot left our window (applied stale or dropped: our history now differs
 from the origin's).
 
-The snapshot blob is fetched for this one use and removed again, unless this node held it already
-(`node.join.read_peer_blob`: equal states can have equal snapshot bytes, and that blob is then our own
-served snapshot).
+What is fetched (`node.statefetch`): the peer's meta (its state without arrays and payload bytes,
+verified against its signed manifest) to compare; then only the payload blobs of the updates to add
+(handed back in `RepairResult.payloads` for the node's blob clean-up), or, to adopt, the whole state
+(the bottom in verified pieces). The meta blob is removed again unless this node held it already.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import trio
 
 from node.forkhint import send_fork_hint
-from node.join import LEDGER_BLOB, PeerSyncing, fetch_manifest, read_peer_blob
+from node.join import PeerSyncing, fetch_manifest
+from node.outer_files import drop_pages, map_blob
 from node.replica import Proposal, Replica
+from node.statefetch import download_state, fetch_meta, fetch_payloads
 from p2p import Host, TransportError
-from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import Ledger, LedgerSnapshot, LedgerView, reconcile
+from protocol.errors import RemoteProtocolError
+from protocol.ledger import LedgerView, Payload, reconcile
+from protocol.ledger.payload import decode_snapshot_payload
+from protocol.ledger.statesync import MetaEntry, StateMeta
 from protocol.messages import StateManifest
 
 __all__ = ["RepairResult", "pull_missing"]
@@ -54,12 +60,13 @@ class RepairResult:
     too_stale: int  # the peer's updates this replica cannot place at their slot (orphaned, or it adopts)
     ignored: int = 0  # the peer's ids marked seen here without being applied
     fork: str = "none"  # "none" (compatible), "kept" (ours is heavier) or "adopt" (theirs is, proposed)
+    payloads: tuple[tuple[int, str], ...] = ()  # (target slot, blob) fetched into the store, for clean-up
 
 
-async def _fetch_snapshot(host: Host, run_id: str, peer: str, http_addr: str,
-                          shapes: dict) -> tuple[StateManifest, LedgerSnapshot, LedgerView] | None:
-    """`peer`'s verified manifest, its snapshot and the snapshot's view (whose ledger digest must be the
-    manifest's), or None (logged; a bad one is counted against the peer)."""
+async def _fetch_meta(host: Host, replica: Replica, run_id: str, peer: str,
+                      http_addr: str) -> tuple[StateManifest, StateMeta, LedgerView] | None:
+    """`peer`'s verified manifest, its verified meta and the meta's view, or None (logged; a bad one is
+    counted against the peer)."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
         try:
             manifest = await fetch_manifest(client, host, run_id, peer, http_addr)
@@ -67,39 +74,51 @@ async def _fetch_snapshot(host: Host, run_id: str, peer: str, http_addr: str,
             manifest = None
     if manifest is None:
         return None
-    refs = {name: (sha.hex(), size) for name, sha, size in manifest.blobs}
-    if LEDGER_BLOB not in refs:
-        host.counters.rejected(peer, Reason.BAD_STATE)
-        return None
-    blob, size = refs[LEDGER_BLOB]
-
-    def decode(data: bytes) -> tuple[LedgerSnapshot, LedgerView]:
-        snap = LedgerSnapshot.from_bytes(data)
-        if dict(snap.shapes) != shapes:
-            raise RemoteProtocolError(Reason.BAD_STATE, "snapshot of another model")
-        view = LedgerView.of_snapshot(snap)
-        if view.ledger_digest() != manifest.ledger_digest:
-            raise RemoteProtocolError(Reason.BAD_STATE, "snapshot does not match the manifest's ledger digest")
-        return snap, view
-
     try:
-        data = await read_peer_blob(host, blob, size, peer)
-        snap, view = await trio.to_thread.run_sync(decode, data)
+        meta = await fetch_meta(host, manifest, replica.config, replica.shapes)
     except TransportError as exc:
         log.info("repair from %s: %s", peer, exc)
         return None
     except RemoteProtocolError as exc:
-        log.warning("repair from %s: refused its snapshot: %s", peer, exc)
+        log.warning("repair from %s: refused its state meta: %s", peer, exc)
         host.counters.rejected(peer, exc.reason)
         return None
-    return manifest, snap, view
+    return manifest, meta, meta.view()
 
 
-def _load(snap: LedgerSnapshot, manifest: StateManifest, replica: Replica) -> Ledger:
-    ledger = Ledger.from_snapshot(snap, replica.config, replica.shapes, bottom=replica.bottom_store)
-    if ledger.ledger_digest() != manifest.ledger_digest or ledger.params_digest() != manifest.params_digest:
-        raise RemoteProtocolError(Reason.BAD_STATE, "loaded state does not match the manifest's digests")
-    return ledger
+def _decode(entry: MetaEntry, path: Path, shapes: dict) -> tuple[dict, Payload]:
+    """An entry's float32 deltas and payload from its fetched blob (blocking)."""
+    data = map_blob(path)
+    payload, deltas = decode_snapshot_payload(entry.codec.value, data, shapes)
+    out = dict(deltas)
+    drop_pages(data)
+    return out, payload
+
+
+async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
+                      pull: list[bytes]) -> tuple[int, tuple[tuple[int, str], ...]]:
+    """Fetch the payloads of the `pull` ids from `peer` (or any peer) and add them; (added, fetched)."""
+    entries = {e.meta.update_id: e for e in meta.entries}
+    wanted = [entries[i] for i in pull if not replica.has_seen(i)]
+    if not wanted:
+        return 0, ()
+    try:
+        paths, fetched = await fetch_payloads(host, wanted, [peer, *(p for p in host.connected_peers() if p != peer)])
+    except TransportError as exc:
+        log.info("repair from %s: %s", peer, exc)
+        return 0, ()
+    added = 0
+    for entry in wanted:
+        if replica.has_seen(entry.meta.update_id):
+            continue
+        try:
+            deltas, payload = await trio.to_thread.run_sync(_decode, entry, paths[entry.blob], dict(replica.shapes))
+            await replica.add(entry.meta, deltas, payload)
+        except RemoteProtocolError as exc:
+            log.warning("repair from %s: update %s refused: %s", peer, entry.meta.update_id.hex()[:16], exc)
+            continue
+        added += 1
+    return added, tuple(sorted({(e.meta.target_slot, e.blob) for e in wanted if e.blob in fetched}))
 
 
 def _key(key: tuple[int, int, bytes]) -> str:
@@ -109,10 +128,10 @@ def _key(key: tuple[int, int, bytes]) -> str:
 async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, http_addr: str) -> RepairResult | None:
     """Reconcile `replica` with `peer`'s state (see the module docstring). None if the peer's state could
     not be fetched or verified (logged; a bad one is counted against the peer)."""
-    fetched = await _fetch_snapshot(host, run_id, peer, http_addr, dict(replica.shapes))
+    fetched = await _fetch_meta(host, replica, run_id, peer, http_addr)
     if fetched is None:
         return None
-    manifest, snap, theirs = fetched
+    manifest, meta, theirs = fetched
     ours = await replica.view()
     verdict = reconcile(ours, theirs)
     if verdict.compatible:
@@ -122,37 +141,26 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
     if verdict.adopt:
         try:
-            ledger = await trio.to_thread.run_sync(_load, snap, manifest, replica)
-        except RemoteProtocolError as exc:
-            log.warning("repair from %s: refused its state: %s", peer, exc)
-            host.counters.rejected(peer, exc.reason)
+            loaded = await download_state(host, [manifest], replica.config, replica.shapes, replica.bottom_store)
+        except (TransportError, OSError) as exc:  # a refused state is counted and logged by download_state
+            log.warning("repair from %s: could not load its state: %s", peer, exc)
             return None
+        ledger = loaded.ledger
         ours_key, theirs_key = verdict.keys
         why = f"fork: theirs {_key(theirs_key)} > ours {_key(ours_key)}"
         replica.propose(Proposal.of(ledger, peer, why, theirs))
         log.warning("repair from %s (its slot %d): histories forked and its state is heavier (%s vs %s): "
                     "adopting it before the next round", peer, manifest.slot, _key(theirs_key), _key(ours_key))
-        return RepairResult(0, unplaced, fork="adopt")
-    entries = {e.meta.update_id: e for e in snap.entries}
-    added = 0
-    for update_id in verdict.pull:
-        entry = entries[update_id]
-        if replica.has_seen(update_id):
-            continue
-        try:
-            await replica.add(entry.meta, dict(entry.deltas), entry.payload)
-        except RemoteProtocolError as exc:
-            log.warning("repair from %s: update %s refused: %s", peer, update_id.hex()[:16], exc)
-            continue
-        added += 1
+        return RepairResult(0, unplaced, fork="adopt", payloads=tuple(loaded.fetched_payloads()))
+    added, payloads = await _add_pulled(host, replica, peer, meta, list(verdict.pull))
     ignored = await replica.ignore(verdict.drop)
     if verdict.compatible:
         log.info("repair from %s (its slot %d): %d missed updates added, %d ids it never applied marked seen",
                  peer, manifest.slot, added, ignored)
-        return RepairResult(added, 0, ignored, "none")
+        return RepairResult(added, 0, ignored, "none", payloads)
     ours_key, theirs_key = verdict.keys
     log.warning("repair from %s (its slot %d): histories forked and ours is heavier (%s vs %s): keeping ours; "
                 "%d of its updates added, %d of its ids orphaned; asking it to compare with us", peer,
                 manifest.slot, _key(ours_key), _key(theirs_key), added, ignored)
     await send_fork_hint(http_addr, host.peer_id)  # the lighter side must adopt ours (node.forkhint)
-    return RepairResult(added, unplaced, ignored, "kept")
+    return RepairResult(added, unplaced, ignored, "kept", payloads)

@@ -38,9 +38,9 @@ import numpy as np
 import trio
 
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
-                             UpdateMeta, catch_up_target, reconcile)
+                             SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
 
-__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "agreement_hex"]
+__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState", "agreement_hex"]
 
 log = logging.getLogger("node.replica")
 T = TypeVar("T")
@@ -90,6 +90,18 @@ class Proposal:
     @classmethod
     def of(cls, ledger: Ledger, origin: str, why: str, view: LedgerView) -> Proposal:
         return cls(ledger, origin, why, view, agreement_hex(IdSetHash(view.seen), view.totals().placement))
+
+
+@dataclass(frozen=True)
+class ServedState:
+    """What `Replica.served_state` returns: `snapshot` has empty bottom arrays; `bottom` is the window
+    bottom (parameters, momentum) when it was asked for."""
+
+    snapshot: LedgerSnapshot
+    ledger_digest: bytes
+    params_digest: bytes
+    bottom_digest: bytes
+    bottom: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None
 
 
 @dataclass(frozen=True)
@@ -284,6 +296,28 @@ class Replica:
 
         def work() -> tuple[LedgerSnapshot, bytes, bytes]:
             return self._ledger.snapshot(), self._ledger.ledger_digest(), self._ledger.params_digest()
+
+        return await self._run(work)
+
+    async def served_state(self, frozen: Callable[[bytes], bool]) -> ServedState:
+        """A consistent view of the state for the state server (`node.stateserve`): the snapshot's fields
+        with empty bottom arrays, the digests, and the window bottom's arrays (a copy) only when
+        `frozen(bottom digest)` is false, i.e. when the server has not written that bottom to a file yet.
+        `frozen` runs in the worker thread."""
+
+        def work() -> ServedState:
+            led = self._ledger
+            bottom_digest = led.bottom_digest()
+            full = None if frozen(bottom_digest) else led.snapshot()
+            view = led.view()
+            snap = LedgerSnapshot(
+                slot=led.slot, base_slot=led.base_slot, config=led.config.fingerprint(), shapes=led.shapes,
+                base_params={}, base_momentum={},
+                entries=tuple(SnapshotEntry(e.meta, e.slot, e.deltas, e.payload) for e in led.entries()),
+                chain=view.chain, seen=tuple(sorted(view.seen)), counters=led.counters,
+                applied_tokens=view.final.tokens, applied_sum=view.final.placement)
+            return ServedState(snap, led.ledger_digest(), led.params_digest(), bottom_digest,
+                               None if full is None else (full.base_params, full.base_momentum))
 
         return await self._run(work)
 

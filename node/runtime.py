@@ -40,7 +40,7 @@ from node.model import embedding_names, param_shapes
 from node.repair import pull_missing
 from node.replica import Replica
 from node.rounds import Rounds
-from node.outer_files import MappedBottom
+from node.outer_files import MappedBottom, remove_old_blobs
 from node.settings import NodeSettings
 from node.status import NodeStats, StatusRoutes
 from node.train import InnerLoop
@@ -108,6 +108,7 @@ class NodeRuntime:
         self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
         self._connected: set[str] = set()  # peers connected at the last check between rounds
+        self._synced_payloads: list[tuple[int, str]] = []  # payload blobs a join fetched before `rounds` existed
 
     def _checkpoint_dir(self) -> CheckpointDir | None:
         """The checkpoint directory, created and checked writable now (a one-line error, not a crash later)."""
@@ -161,6 +162,9 @@ class NodeRuntime:
             lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
         with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
+            removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs")
+            if removed:
+                log.info("removed %d blobs (%.1f MB) left by a previous run of this node", removed, freed / 1e6)
             self.bottom_store = MappedBottom(data_dir / "outer")  # the ledger's window bottom, on disk
             async with trio.open_nursery() as nursery:
                 self.host = await nursery.start(p2p.run, self._host_config(data_dir))
@@ -280,12 +284,20 @@ class NodeRuntime:
         self._sync_scope = None
         if result is None:
             return None
-        await replica.replace(result.ledger, result.snapshot.seen)
+        await replica.replace(result.ledger, result.seen)
+        self._track_payloads(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had
         m = result.choice.manifest
         self.stats.sync = {"slot": m.slot, "ledger_digest": m.ledger_digest.hex(),
                            "params_digest": m.params_digest.hex(), "confirmed_by": list(result.choice.confirmed_by)}
         return m.slot
+
+    def _track_payloads(self, payloads: tuple[tuple[int, str], ...]) -> None:
+        """Hand payload blobs a state download fetched to the blob clean-up (`Rounds.collect_garbage`)."""
+        if self.rounds is not None:
+            self.rounds.payloads.extend(payloads)
+        else:
+            self._synced_payloads.extend(payloads)
 
     def _follow_run_schedule(self, synced_slot: int | None) -> None:
         """A node that synced a running training's state — a joiner, or a node restarted from a checkpoint
@@ -306,6 +318,7 @@ class NodeRuntime:
             settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
             stats=self.stats, policy=self.policy, shapes=self.shapes, heldout=self.heldout,
             checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
+        self.rounds.payloads.extend(self._synced_payloads)
         self.state_server.replica = self.replica
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
@@ -325,7 +338,9 @@ class NodeRuntime:
         if http and peer not in self._repairing:
             self._repairing.add(peer)
             try:
-                await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
+                repaired = await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
+                if repaired is not None:
+                    self._track_payloads(repaired.payloads)
             finally:
                 self._repairing.discard(peer)
 

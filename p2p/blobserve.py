@@ -34,6 +34,12 @@ DEFAULT_CHUNK = 4 << 20
 _PEER_NAME = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,64}")  # base58: safe as a metrics label
 
 
+def client_name(request: Request) -> str:
+    """The peer a client names itself in `x-diloco-peer` (for byte counters only), or `unknown`."""
+    peer = request.headers.get(PEER_HEADER, "")
+    return peer if _PEER_NAME.fullmatch(peer) else UNKNOWN_PEER
+
+
 class BlobService:
     """The `/blobs/` route of a node's HTTP app."""
 
@@ -51,8 +57,7 @@ class BlobService:
             check_hex(name)
         except LocalProtocolError:
             return Response.text(400, "bad blob name\n")
-        peer = request.headers.get(PEER_HEADER, "")
-        peer = peer if _PEER_NAME.fullmatch(peer) else UNKNOWN_PEER
+        peer = client_name(request)
         try:
             size = self.store.size(name)
             # Opened before answering: a blob removed meanwhile (an old snapshot) is a clean 404, and one

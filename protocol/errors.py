@@ -38,6 +38,7 @@ class Reason(enum.StrEnum):
     NON_FINITE = "non_finite"
     HASH_MISMATCH = "hash_mismatch"
     BAD_STATE = "bad_state"
+    BAD_CHUNK = "bad_chunk"  # a state piece whose length or SHA-256 is not the verified index's
 
 
 class ProtocolError(Exception):

@@ -103,11 +103,12 @@ def check_payload(payload: Payload | None, shapes: Mapping[str, tuple[int, ...]]
 def decode_snapshot_payload(
     codec: object, data: object, shapes: Mapping[str, tuple[int, ...]]
 ) -> tuple[Payload, PayloadDeltas]:
-    """A peer's (codec, payload) pair → the payload and its deltas, once every tensor was decoded and found
-    valid (:meth:`PayloadDeltas.validated`, which keeps the norms). Anything that does not decode
+    """A peer's (codec, payload) pair (bytes, or a read-only memoryview of a mapped blob) → the payload and
+    its deltas, once every tensor was decoded and found valid (:meth:`PayloadDeltas.validated`, which
+    keeps the norms). Anything that does not decode
     (unknown codec, wrong size for ``shapes``, non-finite or malformed values) is
     ``RemoteProtocolError(BAD_STATE)``: inside a snapshot, a bad payload is a bad state."""
-    if not isinstance(codec, str) or not isinstance(data, bytes) or codec not in {c.value for c in Codec}:
+    if not isinstance(codec, str) or not isinstance(data, bytes | memoryview) or codec not in {c.value for c in Codec}:
         raise RemoteProtocolError(Reason.BAD_STATE, "an entry payload is a known codec name and bytes")
     payload = Payload(Codec(codec), data)
     try:
