@@ -167,7 +167,7 @@ BlobRefs = Annotated[tuple[tuple[Name, Bytes32, int], ...], Size(0, 4096)]
 class UpdateHeader(Message):
     """A pseudo-gradient announcement. The payload (layout: docs/payload-format.md) is the blob with
     SHA-256 `payload_sha256` and `payload_size` bytes. `shapes` lists (tensor name, shape) in sorted
-    name order. Slot semantics: see DESIGN.md "slots and the ledger"."""
+    name order. Slot semantics: PROTOCOL.md section 11c."""
 
     KIND: ClassVar[str] = "update"
     SIGNED: ClassVar[bool] = True
