@@ -9,8 +9,8 @@ tensor shapes of about ``--params`` parameters (``testnet.benchmarks.pseudograd`
 pseudo-gradient drawn over them (the codec benchmark's generator, with fewer steps at large sizes: the
 draw's values matter for compression, not for the costs measured here), and ``--peers`` senders whose
 updates are that draw times a per-update lognormal scale. Sender 0 is *this* node: its updates go through
-:class:`~protocol.compression.ErrorFeedback` (whose residual is node state); the others' are encoded and
-decoded as a receiver decodes them. The ledger closes ``window + 2`` slots with one update per peer in
+:class:`~protocol.compression.ErrorFeedback` (whose residual is node state); the others' are encoded, and
+checked as a receiving node checks them (every tensor decoded once, the ledger then reads the payload). The ledger closes ``window + 2`` slots with one update per peer in
 each, so its window is full and two slots are final.
 
 Printed and written (``--json``):
@@ -18,12 +18,15 @@ Printed and written (``--json``):
 * ``outer_bytes_per_param``: the peak resident memory of the process while the outer machinery runs (adds,
   closes, folds, a digest), minus the resident memory before the ledger was built (with the draw already
   held), divided by the parameter count. Sampled every 10 ms from ``/proc/self/statm`` by a thread;
-  includes every temporary (a received update's decoded deltas, compressing the own update).
+  includes every temporary (compressing the own update, a tensor per core being decoded or summed).
   ``steady_bytes_per_param``: the same growth between operations (no temporaries).
+  ``outer_anon_bytes_per_param``: the peak growth of the anonymous resident memory (the process's own,
+  without the pages of the blob and bottom files it maps, which the kernel reclaims as page cache).
 * ``peak_rss_bytes``: the process's peak resident set (``ru_maxrss``), draw included.
 * ``close_s``: ``Ledger.close_slot`` with ``peers`` updates in the open slot (median of 2).
-* ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; decoding excluded).
-* ``decode_s``: decoding one received payload.
+* ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; the check of its
+  payload excluded; the slot's sum is rebuilt from its payloads).
+* ``decode_s``: checking one received payload (every tensor decoded, its norm kept).
 * ``digest_s``: ``Ledger.params_digest`` right after a change (what a status request costs).
 * ``encode_s``: compressing this node's own update with error feedback.
 * ``snapshot_bytes_per_param``, ``snapshot_build_bytes_per_param`` (the peak RSS while writing one, above
@@ -48,30 +51,33 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from node.outer_files import MappedBottom, map_blob
-from protocol.compression import Codec, ErrorFeedback, decode_tensors, encode_tensors
-from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, UpdateMeta
+from node.outer_files import MappedBottom, drop_pages, map_blob, return_freed_memory
+from protocol.compression import Codec, ErrorFeedback, encode_tensors
+from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def rss_bytes() -> int:
-    """Resident set size of this process now."""
+def rss_bytes(anonymous: bool = False) -> int:
+    """Resident set size of this process now; ``anonymous``: without the resident pages of mapped files
+    (``statm``'s resident minus shared: what the process itself holds, not the page cache's)."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
+        fields = f.read().split()
+    return (int(fields[1]) - (int(fields[2]) if anonymous else 0)) * _PAGE
 
 
 class PeakSampler:
-    """The highest RSS seen since the last :meth:`reset`, sampled every 10 ms by a daemon thread."""
+    """The highest RSS (``peak``) and anonymous RSS (``peak_anon``) seen since the last :meth:`reset`,
+    sampled every 10 ms by a daemon thread."""
 
     def __init__(self) -> None:
-        self.peak = rss_bytes()
+        self.reset()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -79,9 +85,10 @@ class PeakSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.01):
             self.peak = max(self.peak, rss_bytes())
+            self.peak_anon = max(self.peak_anon, rss_bytes(anonymous=True))
 
     def reset(self) -> None:
-        self.peak = rss_bytes()
+        self.peak, self.peak_anon = rss_bytes(), rss_bytes(anonymous=True)
 
     def stop(self) -> int:
         self._stop.set()
@@ -110,31 +117,37 @@ class Peers:
         self.encode_s: list[float] = []
         self.decode_s: list[float] = []
 
-    def update(self, peer: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
-        """One update of ``peer`` (header, the deltas a receiver decodes, the payload)."""
+    def update(self, peer: int, base: int, publish: int) -> tuple[UpdateMeta, Mapping[str, np.ndarray], Payload]:
+        """One update of ``peer`` (header, the deltas a receiver hands the ledger, the payload), as a node
+        makes them: its own Δ compressed with error feedback (``ErrorFeedback.compress_payload``: Δ becomes
+        the residual), a peer's encoded; either is checked tensor by tensor from its mapped blob
+        (``node.updates.decode_update``; the node's rounds do the same for its own)."""
         scale = np.float32(self.rng.lognormal(0.0, 0.3))
         scaled = {name: x * scale for name, x in self.draw.items()}
-        if peer == 0:
-            took, (data, deltas) = timed(lambda: self.own.compress(scaled))
-            self.encode_s.append(took)
-        else:
-            data = encode_tensors(scaled, self.codec)
-            del scaled
-            took, deltas = timed(lambda: decode_tensors(data, self.codec, self.shapes))
-            self.decode_s.append(took)
         self.count += 1
         tag = f"peer{peer}/{self.count}"
         meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), f"peer{peer}", base, publish, 4096, 32)
         path = self.blobs / meta.update_id.hex()  # the node's blob store keeps every payload on disk
+        if peer == 0:
+            took, data = timed(lambda: self.own.compress_payload(scaled))
+            self.encode_s.append(took)
+        else:
+            data = encode_tensors(scaled, self.codec)
+        del scaled
         path.write_bytes(data)
-        stored = map_blob(path)
-        return meta, deltas, Payload(self.codec, stored)
+        del data
+        payload = Payload(self.codec, map_blob(path))
+        took, deltas = timed(lambda: PayloadDeltas.validated(payload, self.shapes))
+        if peer:
+            self.decode_s.append(took)
+        drop_pages(payload.data)
+        return meta, deltas, payload
 
     def fill_open_slot(self, ledger: Ledger) -> None:
         for peer in range(self.peers):
             ledger.add(*self.update(peer, ledger.slot, ledger.slot))
 
-    def late(self, ledger: Ledger, peer: int) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
+    def late(self, ledger: Ledger, peer: int) -> tuple[UpdateMeta, Mapping[str, np.ndarray], Payload]:
         """An update of ``peer`` for the last closed slot (it published knowing one slot less)."""
         return self.update(peer, ledger.slot - 1, ledger.slot - 1)
 
@@ -148,12 +161,13 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
     draw = adamw_delta(shapes, steps=steps, seed=seed)
     blobs = Path(tempfile.mkdtemp(prefix="scale-blobs-"))
     source = Peers(draw, peers, codec, seed, blobs)
-    params0 = {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
-    before = rss_bytes() - sum(x.nbytes for x in params0.values())  # the initial params are the caller's
-    sampler = PeakSampler()
+    params0 = {name: np.full(shape, 0.0, dtype=np.float32) for name, shape in shapes.items()}  # resident
+    held = sum(x.nbytes for x in params0.values())  # the initial params are the caller's
+    before, before_anon = rss_bytes() - held, rss_bytes(anonymous=True) - held
     ledger = Ledger(params0, LedgerConfig(window=window, embeddings=frozenset({"embed"})),
                     bottom=MappedBottom(blobs / "outer"))
     del params0
+    sampler = PeakSampler()
     started = time.perf_counter()
     for slot in range(window + 2):
         source.fill_open_slot(ledger)
@@ -169,7 +183,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         folds.append(took)
         del deltas
     digest_s, digest = timed(ledger.params_digest)
-    outer_peak = sampler.peak
+    outer_peak, outer_peak_anon = sampler.peak, sampler.peak_anon
     print(f"  outer: {(outer_peak - before) / total:.1f} B/param at peak; close {statistics.median(closes):.3f} s, "
           f"fold {statistics.median(folds):.3f} s, digest {digest_s:.3f} s", flush=True)
     sampler.reset()
@@ -182,6 +196,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
             with open(path, "wb") as f:  # streamed piece by piece, as a checkpoint is written
                 for piece in ledger.snapshot().to_pieces():
                     size += f.write(piece)
+                    drop_pages(piece)  # as node.checkpoint does: a written payload's pages may go
                 f.flush()
                 os.fsync(f.fileno())
             return size
@@ -207,6 +222,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         "window": window,
         "codec": codec.value,
         "outer_bytes_per_param": (outer_peak - before) / total,
+        "outer_anon_bytes_per_param": (outer_peak_anon - before_anon) / total,
         "steady_bytes_per_param": (steady - before) / total,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "close_s": statistics.median(closes),
@@ -230,6 +246,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the figures to this file")
     args = ap.parse_args()
+    return_freed_memory()  # as the node does at start
     figures = measure(int(args.params), args.peers, args.window, Codec(args.codec), args.seed)
     width = max(map(len, figures))
     for key, value in figures.items():
