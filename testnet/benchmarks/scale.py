@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node.outer_files import MappedBottom, map_blob
+from node.outer.outer_files import MappedBottom, map_blob
 from protocol.compression import Codec, ErrorFeedback, decode_tensors, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
