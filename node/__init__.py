@@ -1,11 +1,23 @@
-"""The training node: model (Flax NNX), data, the jitted inner loop, the synchronous baseline, and the
-`diloco-node` runtime (rounds, outer steps through the ledger, join, checkpoints, status).
+"""The training node (`diloco-node`), in three parts that show the design:
 
-The networking glue (rounds, gossip, outer steps, CLI) builds on this API: `InnerLoop.set_params` /
-`run` / `evaluate` / `state_dict`, parameters in flat form (`dict[str, np.ndarray]`), and `Dataset`.
+- `node.island` — the island's training, which knows nothing of the network: the model (Flax NNX,
+  `model`, presets in `config`), the data (`data`), the jitted inner loop (`train.InnerLoop`:
+  `set_params` / `run` / `evaluate` / `state_dict`, parameters in flat form `dict[str, np.ndarray]`),
+  held-out evaluation (`evaluate`) and the synchronous data-parallel baseline (`baseline`).
+- `node.outer` — the outer loop around it: the ledger service (`replica.Replica`, the one owner of the
+  node's `protocol.ledger.Ledger`: every operation in a worker thread under one lock, views read on the
+  trio thread), the rounds (`rounds.Rounds`: train, compress, publish, add), the hand-over of moving
+  global parameters to a running round (`rebase.BaseShift`, the one place the trio side and the training
+  thread meet), update encoding/decoding (`updates`) and the memory-mapped outer files (`outer_files`).
+- `node.sync` — how replicas come to agree: joining a running training (`join`, `statefetch`), serving
+  state to joiners (`stateserve`), repair and the fork choice between diverged replicas (`repair`,
+  `forkhint`), and the drain at the end of a run (`drain`).
 
-Names are re-exported lazily (PEP 562): `import node` or `from node.config import ...` does not import
-JAX, and `python -m node.train` does not import `node.train` twice.
+`node.runtime.NodeRuntime` wires them (lifecycle, intake of peers' updates, checkpoints: `checkpoint`);
+`cli`, `settings`, `status`, `logs` and `chaos` are the process around it.
+
+Names are re-exported lazily (PEP 562): `import node` or `from node.island.config import ...` does not import
+JAX, and `python -m node.island.train` does not import `node.island.train` twice.
 """
 
 from __future__ import annotations
@@ -14,30 +26,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "node.baseline": ("CurvePoint", "run_baseline", "worker_keys"),
+    "node.island.baseline": ("CurvePoint", "run_baseline", "worker_keys"),
     "node.checkpoint": ("Checkpoint", "CheckpointDir", "CheckpointError"),
-    "node.config": ("PRESETS", "Config", "ConfigError", "DataConfig", "InnerConfig", "ModelConfig", "preset"),
-    "node.data": ("Batcher", "DataError", "Dataset", "MultiBatcher"),
-    "node.model": ("Transformer", "build_model", "check_flat", "embedding_names", "flatten_params", "init_params",
+    "node.island.config": ("PRESETS", "Config", "ConfigError", "DataConfig", "InnerConfig", "ModelConfig", "preset"),
+    "node.island.data": ("Batcher", "DataError", "Dataset", "MultiBatcher"),
+    "node.island.model": ("Transformer", "build_model", "check_flat", "embedding_names", "flatten_params", "init_params",
                    "make_apply", "param_count", "param_shapes", "unflatten_params"),
     "node.runtime": ("NodeRuntime", "Stopped"),
     "node.settings": ("NodeSettings",),
-    "node.train": ("InnerLoop", "RoundResult"),
+    "node.island.train": ("InnerLoop", "RoundResult"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = sorted(_MODULE_OF)
 
 if TYPE_CHECKING:
-    from node.baseline import CurvePoint, run_baseline, worker_keys
+    from node.island.baseline import CurvePoint, run_baseline, worker_keys
     from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
-    from node.config import PRESETS, Config, ConfigError, DataConfig, InnerConfig, ModelConfig, preset
-    from node.data import Batcher, DataError, Dataset, MultiBatcher
-    from node.model import (Transformer, build_model, check_flat, embedding_names, flatten_params, init_params,
+    from node.island.config import PRESETS, Config, ConfigError, DataConfig, InnerConfig, ModelConfig, preset
+    from node.island.data import Batcher, DataError, Dataset, MultiBatcher
+    from node.island.model import (Transformer, build_model, check_flat, embedding_names, flatten_params, init_params,
                             make_apply, param_count, param_shapes, unflatten_params)
     from node.runtime import NodeRuntime, Stopped
     from node.settings import NodeSettings
-    from node.train import InnerLoop, RoundResult
+    from node.island.train import InnerLoop, RoundResult
 
 
 def __getattr__(name: str) -> Any:

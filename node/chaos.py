@@ -25,7 +25,7 @@ import trio
 
 from p2p import Host, Request, Response
 from protocol.messages import split_addr
-from node.updates import Shapes, shapes_field
+from node.outer.updates import Shapes, shapes_field
 
 __all__ = ["ChaosRoute", "Misbehave", "Slowdown"]
 

@@ -44,7 +44,7 @@ from typing import Any, BinaryIO
 import msgpack
 import numpy as np
 
-from node.outer_files import drop_pages
+from node.outer.outer_files import drop_pages
 
 __all__ = ["Checkpoint", "CheckpointDir", "CheckpointError", "decode_checkpoint", "encode_checkpoint",
            "read_checkpoint", "write_checkpoint"]

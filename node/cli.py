@@ -200,9 +200,9 @@ ADDRESS_FLAGS = {"gossip": "--listen", "http": "--http", "advertise": "--adverti
 
 def _user_error(exc: BaseException) -> tuple[int, str] | None:
     """(exit status, one-line message) for an error the user can fix; None for a bug."""
-    from node.config import ConfigError
-    from node.data import DataError
-    from node.join import NoPeerState
+    from node.island.config import ConfigError
+    from node.island.data import DataError
+    from node.sync.join import NoPeerState
     from p2p.errors import AddressError
     from protocol.identity import KeyFileError
 
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(args.log_level)
     try:
-        from node.outer_files import return_freed_memory
+        from node.outer.outer_files import return_freed_memory
         from node.runtime import NodeRuntime
 
         return_freed_memory()

@@ -2,14 +2,14 @@
 
 Lifecycle (`NodeRuntime.run`), one owner per step:
 
-    data        the corpus is read and split (`node.data`): a bad `--data` fails here, before listening
+    data        the corpus is read and split (`node.island.data`): a bad `--data` fails here, before listening
     listening   the p2p host is up (gossip + HTTP: /status, /metrics, /state, /blobs, /chaos);
                 `task_status.started(runtime)` — the CLI prints LISTENING here
     prepare     inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
                 from the seed's initial parameters (a worker thread)
-    syncing     with bootstrap peers: the best peer state if fresher than ours (`node.join`)
-    training    rounds (`node.rounds`), while the intake task adds peers' updates as they arrive
-    draining    after `--max-rounds`: wait for the peers (`node.drain`), close every slot with updates
+    syncing     with bootstrap peers: the best peer state if fresher than ours (`node.sync.join`)
+    training    rounds (`node.outer.rounds`), while the intake task adds peers' updates as they arrive
+    draining    after `--max-rounds`: wait for the peers (`node.sync.drain`), close every slot with updates
     stopped     signed goodbye, final checkpoint; `run` returns the `Stopped` line
 
 A stop request (SIGTERM/SIGINT through the CLI, or `request_stop`) skips to `stopped` at the next step
@@ -30,21 +30,21 @@ import trio
 import p2p
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.chaos import ChaosRoute
-from node.config import ConfigError
-from node.data import Dataset
-from node.drain import DrainTracker, PeerView, drain_state
-from node.forkhint import ForkHintRoute
-from node.join import NoPeerState, StateServer, sync_state
+from node.island.config import ConfigError
+from node.island.data import Dataset
+from node.sync.drain import DrainTracker, PeerView, drain_state
+from node.sync.forkhint import ForkHintRoute
+from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
-from node.model import embedding_names, param_shapes
-from node.repair import pull_missing
-from node.replica import Replica
-from node.rounds import Rounds
-from node.outer_files import MappedBottom, remove_old_blobs
+from node.island.model import embedding_names, param_shapes
+from node.sync.repair import pull_missing
+from node.outer.replica import Replica
+from node.outer.rounds import Rounds
+from node.outer.outer_files import MappedBottom, remove_old_blobs
 from node.settings import NodeSettings
 from node.status import NodeStats, StatusRoutes
-from node.train import InnerLoop
-from node.updates import accept_hook, decode_update, update_meta
+from node.island.train import InnerLoop
+from node.outer.updates import accept_hook, decode_update, update_meta
 from protocol.compression import ErrorFeedback
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip import GossipConfig
@@ -90,7 +90,7 @@ class NodeRuntime:
         self.ledger_config = LedgerConfig(window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
                                           embeddings=frozenset(embedding_names(self.cfg.model)))
         self.stats = NodeStats(self.peer_id)
-        # The slot of a round's update is closed while the next round trains (`node.rebase`), so holding it
+        # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,
                                                         max_hold_steps=max(1.0, 0.5 * settings.inner_steps)))
@@ -268,7 +268,7 @@ class NodeRuntime:
             done.set()
 
     async def _join(self, timeout_s: float | None) -> int | None:
-        """Sync the peers' state if fresher than ours (`node.join`); returns the slot taken, or None.
+        """Sync the peers' state if fresher than ours (`node.sync.join`); returns the slot taken, or None.
         Raises `NoPeerState` after `timeout_s` (None: waits until a peer state comes or a stop)."""
         replica = self.replica
         own_digest, _ = await replica.digests()
@@ -332,7 +332,7 @@ class NodeRuntime:
         return len(self.host.connected_peers()), 0.5 * (round_s or 0.0)
 
     async def _repair(self, peer: str) -> None:
-        """Pull the updates `peer` holds and we missed (see `node.repair`); one comparison per peer at a
+        """Pull the updates `peer` holds and we missed (see `node.sync.repair`); one comparison per peer at a
         time (a request while one runs is dropped: the running one looks at our state after its fetch)."""
         http = {p.peer_id: p.http_addr for p in self.host.peers()}.get(peer)
         if http and peer not in self._repairing:
@@ -364,7 +364,7 @@ class NodeRuntime:
                 self._follow_run_schedule(await self._join(RESYNC_TIMEOUT_HEARTBEATS * self.settings.heartbeat_s))
             except NoPeerState as exc:
                 log.warning("resync: %s; training on from our own state", exc)
-        if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.repair)
+        if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.sync.repair)
             self.feedback.reset()  # the residual belonged to the parameters we had
         for peer in self._returned_peers():
             log.info("%s is back: pulling what it holds and we missed", peer)
@@ -419,7 +419,7 @@ class NodeRuntime:
 
     # ---- the end ----------------------------------------------------------------------------------
     async def _drain(self) -> bool:
-        """Wait for the peers (see `node.drain`); True when they agreed (or none is left)."""
+        """Wait for the peers (see `node.sync.drain`); True when they agreed (or none is left)."""
         s = self.settings
         self.stats.draining = True
         round_s = self.stats.contributed_step_seconds / max(1, self.stats.updates_published)
@@ -436,7 +436,7 @@ class NodeRuntime:
         s = self.settings
         while not self.stop_requested():
             states = {p.peer_id: p.state for p in self.host.peers()}
-            # a heavier forked state (node.repair), if its origin still announces it (else it moved on)
+            # a heavier forked state (node.sync.repair), if its origin still announces it (else it moved on)
             if await self.replica.adopt_pending(lambda p: states.get(p.origin) == drain_state(p.agreement)):
                 self.feedback.reset()
             own = drain_state(self.replica.agreement_hex())

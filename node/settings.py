@@ -1,6 +1,6 @@
 """Everything one `diloco-node` process is told: a frozen dataclass built by the CLI (`node.cli`) or by a
 test, and read by the runtime. The machine-learning half (model, data, inner optimizer) is a
-`node.config.Config`; this adds the network, the outer loop and the process's own knobs.
+`node.island.config.Config`; this adds the network, the outer loop and the process's own knobs.
 
 Run-wide settings (every node of a run must agree, or their updates and states are refused):
 `run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `outer_lr`,
@@ -13,7 +13,7 @@ import dataclasses
 import ipaddress
 from pathlib import Path
 
-from node.config import Config, ConfigError, preset
+from node.island.config import Config, ConfigError, preset
 from protocol.addresses import is_wildcard_host
 from protocol.compression import Codec
 from protocol.messages import split_addr
@@ -36,7 +36,7 @@ class NodeSettings:
     advertise_http: str = ""  # HOST:PORT of our HTTP plane for peers, when it differs (NAT, proxy)
     data: tuple[str, ...] = ()
     model: str = "tiny"
-    overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.config (e.g. "batch_size=8")
+    overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.island.config (e.g. "batch_size=8")
     inner_steps: int = 50
     adaptive_steps: bool = True
     max_rounds: int | None = None  # None: until a signal

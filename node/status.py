@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from p2p import Host, Kind, Request, Response
 from protocol.errors import Reason
-from node.replica import Replica
+from node.outer.replica import Replica
 
 __all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
 

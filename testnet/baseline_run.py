@@ -1,4 +1,4 @@
-"""The synchronous data-parallel baseline of a testnet run: an adapter around `node.baseline.run_baseline`
+"""The synchronous data-parallel baseline of a testnet run: an adapter around `node.island.baseline.run_baseline`
 (the one implementation, shared with the node's quality benchmark), run in a child process.
 
 Same model preset and data as the nodes, one worker per node with the node's peer id as shard key
@@ -34,7 +34,7 @@ class BaselineError(RuntimeError):
 
 
 def baseline_config(model: str, data: Sequence[str], seed: int,
-                    overrides: Sequence[str] = ()):  # -> node.config.Config
+                    overrides: Sequence[str] = ()):  # -> node.island.config.Config
     """The nodes' training config (their `NodeSettings.ml_config`, with the nodes' `--set` overrides;
     the shard key is set per worker)."""
     from node.settings import NodeSettings
@@ -89,9 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, as the nodes' --set (repeatable)")
     args = p.parse_args(argv)
-    from node.baseline import run_baseline
-    from node.config import ConfigError
-    from node.data import DataError
+    from node.island.baseline import run_baseline
+    from node.island.config import ConfigError
+    from node.island.data import DataError
 
     keys = [k for k in args.shard_keys.split(",") if k]
     data = [d for d in args.data.split(",") if d]

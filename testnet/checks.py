@@ -2,7 +2,7 @@
 `UsageError` whose one-line message names the flag (the CLI prints it and exits 2).
 
 Nothing here creates or writes a file: `check_writable_dir` looks at the nearest existing ancestor,
-`check_data` lists the sources and sniffs the start of each file (`node.data.check_sources`).
+`check_data` lists the sources and sniffs the start of each file (`node.island.data.check_sources`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def check_writable_dir(path: Path, flag: str) -> None:
 
 
 def check_data(sources: Sequence[str]) -> None:
-    """What `node.data.load_corpus(sources)` would reject (`node.data.check_sources`: lists the sources
+    """What `node.island.data.load_corpus(sources)` would reject (`node.island.data.check_sources`: lists the sources
     and sniffs the start of each file, reads none whole). No sources means the embedded corpus."""
-    from node.data import DataError, check_sources
+    from node.island.data import DataError, check_sources
 
     try:
         check_sources(sources)

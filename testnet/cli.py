@@ -98,7 +98,7 @@ class Options:
         """The inner schedule's `total_steps` the testnet sets, or None (the preset's, or `--set`'s):
         with no `total_steps` given, the schedule spans the run: `rounds × inner_steps` with `--rounds`,
         else the horizon measured from the solo run's pace; a horizon inside the warmup is not used."""
-        from node.config import preset
+        from node.island.config import preset
 
         if any(item.partition("=")[0].strip().endswith("total_steps") for item in self.overrides):
             return None
@@ -149,8 +149,8 @@ def check_inputs(o: Options) -> FaultPlan:
 
 
 def _param_count(model: str, overrides: Sequence[str]) -> int:
-    from node.config import preset
-    from node.model import param_count
+    from node.island.config import preset
+    from node.island.model import param_count
 
     return param_count(preset(model).with_overrides_from_strings(overrides).model)
 
@@ -412,7 +412,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         ("--poll-interval", ns.poll_interval)):
         if not value > 0:
             p.error(f"{flag} must be > 0, got {value:g}")
-    from node.config import ConfigError, preset
+    from node.island.config import ConfigError, preset
 
     try:
         preset(ns.model).with_overrides_from_strings(ns.overrides)

@@ -114,7 +114,7 @@ def _agreement(tl: Timeline, honest: tuple[int, ...]) -> dict[str, Any]:
         incs = [inc for inc in tl.of(node) if inc.samples]
         slot = incs[-1].last.get("slot") if incs else None
         final_slots[node] = slot if isinstance(slot, int) else None
-    # Nodes that finished their rounds drained first (node.drain): their STOPPED digests must be equal.
+    # Nodes that finished their rounds drained first (node.sync.drain): their STOPPED digests must be equal.
     lasts = [tl.of(node)[-1] for node in honest if tl.of(node)]
     finished = len(lasts) == len(honest) and all(inc.finished and inc.stopped for inc in lasts)
     stopped_equal = len({inc.stopped[1:] for inc in lasts if inc.stopped}) == 1 if finished else None

@@ -38,7 +38,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.NON_FINITE: 40.0,
     Reason.HASH_MISMATCH: 40.0,
     Reason.BAD_STATE: 20.0,
-    Reason.BAD_CHUNK: 40.0,  # counted by the state download (`node.statefetch`), like a bad blob
+    Reason.BAD_CHUNK: 40.0,  # counted by the state download (`node.sync.statefetch`), like a bad blob
 }
 
 

@@ -37,7 +37,7 @@ flip-flopping.
 seen but never applied (theirs to drop) as seen without applying them; incompatible and ours wins —
 pull what we can, and mark the rest of their ids as seen (*orphaned*: never applied here); incompatible
 and theirs wins — adopt their state, then re-add our own updates it can place at their target slot, and
-orphan the rest of ours (see ``node.replica.Replica.adopt_pending``).
+orphan the rest of ours (see ``node.outer.replica.Replica.adopt_pending``).
 
 Trust: the totals of the finalized slots come from the peer's signed snapshot and cannot be recomputed
 (the finalized updates are gone); like the updates themselves, they are trusted from honest peers.

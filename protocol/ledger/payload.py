@@ -29,7 +29,7 @@ __all__ = ["Payload", "PayloadDeltas", "check_payload", "decode_snapshot_payload
 class Payload:
     """``data`` encoded with ``codec``: the update's deltas, in sorted-name order. ``data`` is bytes, or a
     read-only byte memoryview (e.g. of a memory-mapped blob file, so the payload stays on disk: see
-    ``node.outer_files.map_blob``)."""
+    ``node.outer.outer_files.map_blob``)."""
 
     codec: Codec
     data: bytes | memoryview

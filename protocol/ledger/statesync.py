@@ -20,7 +20,7 @@ donor signed as its ``params_digest``: :func:`verify_meta` checks that, and that
 digest is the manifest's, before a single piece is fetched. After that every piece is checked against
 its hash before it is written, and the loaded ledger's digests against the manifest once more.
 
-Pure: no I/O (the node's ``node.statefetch`` / ``node.stateserve`` move the bytes).
+Pure: no I/O (the node's ``node.sync.statefetch`` / ``node.sync.stateserve`` move the bytes).
 """
 
 from __future__ import annotations

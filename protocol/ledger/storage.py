@@ -6,7 +6,7 @@ dtype the island trains in; every outer computation runs in float64 and rounds o
 and read when the window is replayed (a restore), for a snapshot and for the bottom digest: a pass over
 8 bytes per parameter now and then, never per update. A :class:`BottomStore` hands the ledger its arrays and hears when a pass is over
 (:meth:`~BottomStore.settle`), so an implementation can keep them in memory-mapped files and let their
-pages go between passes (``node.outer_files.MappedBottom``): the bottom then costs the process no resident
+pages go between passes (``node.outer.outer_files.MappedBottom``): the bottom then costs the process no resident
 memory between passes. The ledger stays free of I/O: it only calls these two methods.
 """
 

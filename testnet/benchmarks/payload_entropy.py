@@ -20,9 +20,9 @@ import zlib
 
 import numpy as np
 
-from node.config import preset
-from node.data import Dataset
-from node.train import InnerLoop
+from node.island.config import preset
+from node.island.data import Dataset
+from node.island.train import InnerLoop
 from protocol.compression import Codec, ErrorFeedback, payload_size
 
 

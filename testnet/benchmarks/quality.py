@@ -4,12 +4,12 @@ Real JAX training (the node's `InnerLoop`, model, data shards and int4 codec wit
 real `Ledger` per learner, on a simulated clock counted in inner steps, so the result does not depend on
 the load of a shared machine. Held-out bits per byte at equal tokens:
 
-    dp      synchronous data-parallel, M workers' batches per step (`node.baseline.run_baseline`)
+    dp      synchronous data-parallel, M workers' batches per step (`node.island.baseline.run_baseline`)
     sync    synchronous DiLoCo: every slot holds all M updates, every round starts from the full θ
     wait-1  asynchronous slots, a slot closed at most 1 step after the own round ends, learners idle
             while they wait (the node before the "train through the close" change)
     wait-5  the same, waiting up to 5 steps for the due updates
-    eager   the node now (`node.rebase`): the next round starts at once from θ minus the own update, the
+    eager   the node now (`node.outer.rebase`): the next round starts at once from θ minus the own update, the
             slot waits up to H/2 steps for the others' updates, and the round follows θ as it moves
 
 Learner i does a step per tick with probability `speeds[i]`; updates reach the others `latency` ticks
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from node.config import Config
+    from node.island.config import Config
 
 MODES = ("sync", "wait-1", "wait-5", "eager")
 
@@ -40,7 +40,7 @@ MODES = ("sync", "wait-1", "wait-5", "eager")
 @dataclass
 class Learner:
     index: int
-    loop: object  # node.train.InnerLoop
+    loop: object  # node.island.train.InnerLoop
     ledger: object  # protocol.ledger.Ledger
     feedback: object  # protocol.compression.ErrorFeedback
     base: dict = field(default_factory=dict)  # what Δ is taken against
@@ -66,10 +66,10 @@ class Simulation:
                  codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  aggregation: str = "radial-directional", hold: int | None = None,
                  adaptive: bool = False, config: Config | None = None) -> None:
-        from node.config import preset
-        from node.data import Dataset
-        from node.model import embedding_names
-        from node.train import InnerLoop
+        from node.island.config import preset
+        from node.island.data import Dataset
+        from node.island.model import embedding_names
+        from node.island.train import InnerLoop
         from protocol.compression import ErrorFeedback
         from protocol.ledger import Ledger, LedgerConfig
 
@@ -186,7 +186,7 @@ class Simulation:
 
 def dp_at(tokens: int, workers: int, cfg: Config) -> float:
     """Held-out bpb of synchronous data-parallel over `workers` workers after `tokens` tokens."""
-    from node.baseline import run_baseline, worker_keys
+    from node.island.baseline import run_baseline, worker_keys
 
     steps = round(tokens / (workers * cfg.data.batch_size * cfg.model.seq_len))
     return run_baseline(cfg, steps=steps, shard_keys=worker_keys(workers), eval_every=max(1, steps),
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field for both the learners and data-parallel, e.g. total_steps=1000")
     a = p.parse_args(argv)
-    from node.config import preset
+    from node.island.config import preset
 
     cfg = preset(a.model).with_overrides_from_strings(a.set)
     speeds = [float(x) for x in a.speeds.split(",")]

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node.outer_files import MappedBottom, drop_pages, map_blob, return_freed_memory
+from node.outer.outer_files import MappedBottom, drop_pages, map_blob, return_freed_memory
 from protocol.compression import Codec, ErrorFeedback, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
@@ -121,7 +121,7 @@ class Peers:
         """One update of ``peer`` (header, the deltas a receiver hands the ledger, the payload), as a node
         makes them: its own Δ compressed with error feedback (``ErrorFeedback.compress_payload``: Δ becomes
         the residual), a peer's encoded; either is checked tensor by tensor from its mapped blob
-        (``node.updates.decode_update``; the node's rounds do the same for its own)."""
+        (``node.outer.updates.decode_update``; the node's rounds do the same for its own)."""
         scale = np.float32(self.rng.lognormal(0.0, 0.3))
         scaled = {name: x * scale for name, x in self.draw.items()}
         self.count += 1

@@ -3,7 +3,7 @@
 Run: ``python -m testnet.benchmarks.snapshot_size [--model tiny|small] [--nodes 4] [--window 8]
 [--codec int4] [--repeats 3]``.
 
-Setup: a real :class:`~protocol.ledger.Ledger` over the preset model's parameter shapes (``node.model``),
+Setup: a real :class:`~protocol.ledger.Ledger` over the preset model's parameter shapes (``node.island.model``),
 with the node's embedding split, that has closed ``window + 2`` slots, each holding one update per node,
 so its window holds ``window × nodes`` updates (and two slots are finalized). Each node's update is an
 AdamW-like pseudo-gradient (``testnet.benchmarks.pseudograd``, one draw per node, scaled per round)
@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from node.config import preset
-from node.model import embedding_names, param_count, param_shapes
+from node.island.config import preset
+from node.island.model import embedding_names, param_count, param_shapes
 from protocol.compression import Codec, ErrorFeedback
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta

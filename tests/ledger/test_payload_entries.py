@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from node.outer_files import map_blob
+from node.outer.outer_files import map_blob
 from protocol.compression import BLOCK_SIZE, Codec, decode_span, decode_tensors, encode_tensors, record_offsets
 from protocol.errors import LocalProtocolError
 from protocol.ledger import Ledger, LedgerConfig, Outcome, Payload, UpdateMeta

@@ -2,8 +2,8 @@
 
 import pytest
 
-from node.config import Config, preset
-from node.data import Dataset
+from node.island.config import Config, preset
+from node.island.data import Dataset
 
 
 def shrunk(**overrides) -> Config:

@@ -1,4 +1,4 @@
-"""Tier (a): the joiner's part file (`node.statefetch.BottomDownload`), no network: a piece is written only
+"""Tier (a): the joiner's part file (`node.sync.statefetch.BottomDownload`), no network: a piece is written only
 if it is the indexed one, an interrupted download is resumed from the pieces that still verify on disk,
 and the finished file reads back as the arrays."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node.statefetch import BottomDownload
+from node.sync.statefetch import BottomDownload
 from protocol.ledger.digest import PIECE
 from protocol.ledger.statesync import BottomIndex
 

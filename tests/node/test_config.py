@@ -2,11 +2,11 @@
 
 import pytest
 
-from node.config import PRESETS, Config, ConfigError, preset
+from node.island.config import PRESETS, Config, ConfigError, preset
 
 
 def test_presets_exist_and_are_ordered_by_size():
-    from node.model import param_count
+    from node.island.model import param_count
 
     counts = [param_count(PRESETS[name].model) for name in ("tiny", "small", "base", "large")]
     assert counts == sorted(counts)

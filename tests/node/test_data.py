@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from node.config import DataConfig
-from node.data import Batcher, DataError, Dataset, Document, MultiBatcher, TokenStream, load_corpus, units_of
+from node.island.config import DataConfig
+from node.island.data import Batcher, DataError, Dataset, Document, MultiBatcher, TokenStream, load_corpus, units_of
 
 CFG = DataConfig(batch_size=4)
 
@@ -147,7 +147,7 @@ def test_binary_files_passed_as_text_are_refused_or_skipped(tmp_path, caplog):
     mixed.mkdir()
     (mixed / "notes.txt").write_text("plain text " * 100)
     (mixed / "figure.png").write_bytes(blob)
-    with caplog.at_level("WARNING", logger="node.data"):
+    with caplog.at_level("WARNING", logger="node.island.data"):
         docs = load_corpus([str(mixed)])
     assert [d.name for d in docs] == ["notes.txt"]
     assert "skipping 1 binary file(s)" in caplog.text and "figure.png" in caplog.text

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from node.model import (Transformer, build_model, embedding_names, flatten_params, init_params, make_apply,
+from node.island.model import (Transformer, build_model, embedding_names, flatten_params, init_params, make_apply,
                         param_count, param_shapes, unflatten_params)
 from protocol.errors import LocalProtocolError
 

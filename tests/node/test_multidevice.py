@@ -12,9 +12,9 @@ SCRIPT = r"""
 import json
 import jax
 import numpy as np
-from node.config import preset
-from node.data import Dataset
-from node.train import InnerLoop
+from node.island.config import preset
+from node.island.data import Dataset
+from node.island.train import InnerLoop
 
 cfg = preset("tiny").with_overrides(seq_len=32, d_model=32, n_heads=2, d_ff=64, batch_size=8, lr=1e-2,
                                     warmup_steps=2)

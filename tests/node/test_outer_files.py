@@ -1,4 +1,4 @@
-"""Tier (a): a ledger whose window bottom lives in memory-mapped files (`node.outer_files.MappedBottom`)
+"""Tier (a): a ledger whose window bottom lives in memory-mapped files (`node.outer.outer_files.MappedBottom`)
 holds the same bits as one in memory, lets the pages go between passes, and leaves no file behind."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 
-from node.outer_files import MappedBottom
+from node.outer.outer_files import MappedBottom
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, UpdateMeta
 
 SHAPES = {"emb": (64, 33), "w": (70_001,), "empty": (0,)}
@@ -62,7 +62,7 @@ def test_files_left_by_a_killed_process_are_removed(tmp_path) -> None:
 
 
 def test_a_restart_removes_the_blobs_its_previous_process_left(tmp_path) -> None:
-    from node.outer_files import remove_old_blobs
+    from node.outer.outer_files import remove_old_blobs
 
     blobs = tmp_path / "blobs"
     blobs.mkdir()
@@ -77,7 +77,7 @@ def test_a_restart_removes_the_blobs_its_previous_process_left(tmp_path) -> None
 
 def test_freed_temporaries_leave_the_process() -> None:
     """With the node's allocator setting, a freed tensor-sized buffer is unmapped at once (glibc)."""
-    from node.outer_files import return_freed_memory
+    from node.outer.outer_files import return_freed_memory
 
     if not return_freed_memory():
         import pytest

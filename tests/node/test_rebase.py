@@ -3,9 +3,9 @@
 
 import numpy as np
 
-from node.model import init_params
-from node.rebase import BaseShift
-from node.train import InnerLoop
+from node.island.model import init_params
+from node.outer.rebase import BaseShift
+from node.island.train import InnerLoop
 
 
 def _params(config, seed):

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 import trio
 
-from node.replica import Proposal, Replica
+from node.outer.replica import Proposal, Replica
 from protocol.ledger import Ledger, LedgerConfig, UpdateMeta, reconcile
 
 SHAPES = {"emb": (3,), "w": (2, 2)}

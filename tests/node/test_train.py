@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from node.baseline import run_baseline, worker_keys
-from node.model import init_params
-from node.train import InnerLoop, lr_schedule
+from node.island.baseline import run_baseline, worker_keys
+from node.island.model import init_params
+from node.island.train import InnerLoop, lr_schedule
 from protocol.errors import LocalProtocolError
 
 
@@ -154,7 +154,7 @@ def test_baseline_curve_falls_and_counts_tokens(config, dataset):
 def test_evaluate_is_mean_cross_entropy_in_bits(loop, dataset, config):
     import jax
 
-    from node.model import make_apply
+    from node.island.model import make_apply
 
     batch = dataset.heldout_batches(1)[0][:3, :21]
     logits = np.asarray(jax.jit(make_apply(config.model))(loop.params, batch[:, :-1]), np.float64)

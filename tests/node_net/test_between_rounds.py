@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 from node.checkpoint import CheckpointDir
-from node.replica import Replica
-from node.rounds import PeerRoundClock, Rounds
+from node.outer.replica import Replica
+from node.outer.rounds import PeerRoundClock, Rounds
 from node.settings import NodeSettings
 from node.status import NodeStats
 from protocol.compression import ErrorFeedback

@@ -11,7 +11,7 @@ import trio
 
 import p2p
 from node.chaos import ChaosRoute, Slowdown
-from node.rounds import PeerRoundClock, ShouldStop
+from node.outer.rounds import PeerRoundClock, ShouldStop
 from node_net_helpers import fast_host_config
 from waiting import wait_for
 

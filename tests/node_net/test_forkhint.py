@@ -9,7 +9,7 @@ import httpx
 import trio
 
 import p2p
-from node.forkhint import COMPARE_PATH, ForkHintRoute, send_fork_hint
+from node.sync.forkhint import COMPARE_PATH, ForkHintRoute, send_fork_hint
 from node_net_helpers import fast_host_config
 from waiting import wait_for
 

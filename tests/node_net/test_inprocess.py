@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import trio
 
-from node.data import Dataset
+from node.island.data import Dataset
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
-from node.train import InnerLoop, lr_schedule
+from node.island.train import InnerLoop, lr_schedule
 from protocol.ledger import Ledger, LedgerSnapshot
 from waiting import wait_for
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from node.cli import build_parser, settings_from_args
-from node.config import ConfigError
-from node.drain import LIMIT_FACTOR, DrainTracker, PeerView, drain_state
-from node.join import choose
-from node.replica import IdSetHash
+from node.island.config import ConfigError
+from node.sync.drain import LIMIT_FACTOR, DrainTracker, PeerView, drain_state
+from node.sync.join import choose
+from node.outer.replica import IdSetHash
 from node.settings import NodeSettings
 from protocol.messages import StateManifest
 

@@ -11,9 +11,9 @@ import numpy as np
 import trio
 
 import p2p
-from node.join import StateServer, sync_state
-from node.repair import pull_missing
-from node.replica import Replica
+from node.sync.join import StateServer, sync_state
+from node.sync.repair import pull_missing
+from node.outer.replica import Replica
 from protocol.compression import Codec, decode_tensors, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, Payload, UpdateMeta
 from protocol.messages import StateManifest

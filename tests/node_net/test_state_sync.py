@@ -21,10 +21,10 @@ import numpy as np
 import trio
 
 import p2p
-from node.join import choose, fetch_manifests, sync_state
-from node.replica import IdSetHash, Replica
-from node.statefetch import download_state
-from node.stateserve import BOTTOM_PREFIX, StateServer
+from node.sync.join import choose, fetch_manifests, sync_state
+from node.outer.replica import IdSetHash, Replica
+from node.sync.statefetch import download_state
+from node.sync.stateserve import BOTTOM_PREFIX, StateServer
 from p2p import Request, Response, TransportError
 from protocol.compression import Codec, decode_tensors, encode_tensors
 from protocol.errors import Reason

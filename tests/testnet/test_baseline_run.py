@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.config import preset
+from node.island.config import preset
 from node.settings import NodeSettings
 from testnet.baseline_run import baseline_argv, baseline_config, baseline_steps
 

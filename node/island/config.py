@@ -46,7 +46,7 @@ def _check_fraction(obj: object, name: str, *, allow_zero: bool) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only byte-level transformer (see `node.model`).
+    """A decoder-only byte-level transformer (see `node.island.model`).
 
     `seq_len` is the context length in tokens; `d_ff` the hidden width of each MLP; `dtype` the compute
     dtype of activations ("float32" or "bfloat16"; parameters and the loss are always float32).
@@ -82,7 +82,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where tokens come from and how this node's share of them is chosen (see `node.data`).
+    """Where tokens come from and how this node's share of them is chosen (see `node.island.data`).
 
     `sources` empty means the embedded corpus (the Python standard library's sources and docs). Otherwise:
     text files, folders, globs, or pre-tokenized `.npy` / `.bin` (raw little-endian uint16) files.

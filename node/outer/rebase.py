@@ -2,7 +2,7 @@
 
 A node publishes its round's update, then starts its next round at once, while the slot of the update
 it just published is still open (waiting for the peers' updates of that slot, see
-`node.rounds.Rounds.close_wait`). Until that slot closes, the round trains from the global parameters
+`node.outer.rounds.Rounds.close_wait`). Until that slot closes, the round trains from the global parameters
 θ minus its own published update (its own progress stands in for the slot's aggregate, as in the
 "eager" outer step of overlapped DiLoCo); when the slot closes, or a late update is folded in, this
 base moves by some s, and the round adds s to its local parameters before its next inner step. Its

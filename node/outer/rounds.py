@@ -9,7 +9,7 @@ A round, in order (`Rounds.run_round`):
    slot of the *previous* round's update is closed on the trio side, when `SlotClosePolicy.decide` says
    so (every peer update that is due is in, or the hold of about half a round is over; only peers whose
    update is due are waited for, `PeerRoundClock.due`), or by catch-up; whenever θ moves (a close, a
-   late update folded in) the round follows it (`node.rebase`: train through the slot close, so no node
+   late update folded in) the round follows it (`node.outer.rebase`: train through the slot close, so no node
    idles while a slot fills). If that slot is still open when the round ends, it is closed then. With
    `--adaptive-steps` (the default) the round ends when the peers' measured round time is used up (at
    least H/8 steps, `MIN_ROUND_FRACTION`), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
@@ -40,20 +40,20 @@ import trio
 
 from node.chaos import Misbehave, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
-from node.outer_files import map_blob
-from node.rebase import BaseShift
-from node.replica import Replica
+from node.outer.outer_files import map_blob
+from node.outer.rebase import BaseShift
+from node.outer.replica import Replica
 from node.settings import NodeSettings
 from node.status import NodeStats
-from node.train import InnerLoop, RoundResult
-from node.updates import Shapes, compress, make_delta, shapes_field, update_meta
+from node.island.train import InnerLoop, RoundResult
+from node.outer.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import ErrorFeedback
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy
 
 __all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
 
-log = logging.getLogger("node.rounds")
+log = logging.getLogger("node.outer.rounds")
 
 
 def _smoothed(old: float | None, new: float) -> float:
@@ -217,7 +217,7 @@ class Rounds:
 
     async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
-        update while that update's slot is open (`node.rebase`: its own progress stands in for the slot's
+        update while that update's slot is open (`node.outer.rebase`: its own progress stands in for the slot's
         aggregate). The subtraction runs in a worker thread: it is a pass over every parameter."""
         slot, params = await self.replica.params_at()  # not `replica.slot` after: a close may come between
         if pending is not None and slot < pending.slot:

@@ -8,7 +8,7 @@ shard keys draw. Run for `steps` steps it sees `N x steps x B x seq_len` tokens,
 nodes running `steps` inner steps each. The held-out batches are the shared ones of `Dataset`.
 
 Used by the quality benchmark and the testnet report (`run_baseline`), and runnable alone:
-`python -m node.baseline --model tiny --workers 4 --steps 200`.
+`python -m node.island.baseline --model tiny --workers 4 --steps 200`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from node.config import Config, ConfigError, preset
-from node.data import DataError, Dataset, MultiBatcher
-from node.train import InnerLoop
+from node.island.config import Config, ConfigError, preset
+from node.island.data import DataError, Dataset, MultiBatcher
+from node.island.train import InnerLoop
 
 __all__ = ["CurvePoint", "run_baseline", "worker_keys"]
 
@@ -80,7 +80,7 @@ def run_baseline(config: Config, *, steps: int, shard_keys: Sequence[str], eval_
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the baseline's held-out curve for a preset."""
-    p = argparse.ArgumentParser(prog="python -m node.baseline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m node.island.baseline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)

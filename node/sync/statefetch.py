@@ -39,7 +39,7 @@ import httpx
 import numpy as np
 import trio
 
-from node.outer_files import drop_pages, map_blob
+from node.outer.outer_files import drop_pages, map_blob
 from p2p import Host, Kind, TransportError
 from p2p.blobserve import PEER_HEADER
 from protocol.errors import Reason, RemoteProtocolError

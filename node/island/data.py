@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.config import DataConfig
+from node.island.config import DataConfig
 
 __all__ = ["Batcher", "DataError", "Dataset", "Document", "MultiBatcher", "TokenStream", "Unit",
            "check_sources", "embedded_documents", "load_corpus", "units_of"]
@@ -43,7 +43,7 @@ _SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-pac
 _TOKEN_SUFFIXES = (".npy", ".bin")
 _SNIFF_BYTES = 8192
 
-log = logging.getLogger("node.data")
+log = logging.getLogger("node.island.data")
 
 
 class DataError(Exception):

@@ -14,7 +14,7 @@ Contract:
   (equal after closing the same slots) have the same agreement hash, whatever order things arrived in and
   however many slots each has closed; the drain compares it, so replicas whose histories forked keep
   differing there until the fork choice has reconciled them.
-- Fork choice (`node.repair` decides): `propose` stores a verified heavier peer state; `adopt_pending`
+- Fork choice (`node.sync.repair` decides): `propose` stores a verified heavier peer state; `adopt_pending`
   installs it *between rounds* (the runtime calls it where no round is in flight, and resets the error
   feedback when it returns a result), re-adds this replica's own updates the new state can place at their
   target slot, and marks the rest of its seen ids as seen there (orphaned). It first takes the verdict
@@ -42,7 +42,7 @@ from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, Le
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState", "agreement_hex"]
 
-log = logging.getLogger("node.replica")
+log = logging.getLogger("node.outer.replica")
 T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
@@ -300,7 +300,7 @@ class Replica:
         return await self._run(work)
 
     async def served_state(self, frozen: Callable[[bytes], bool]) -> ServedState:
-        """A consistent view of the state for the state server (`node.stateserve`): the snapshot's fields
+        """A consistent view of the state for the state server (`node.sync.stateserve`): the snapshot's fields
         with empty bottom arrays, the digests, and the window bottom's arrays (a copy) only when
         `frozen(bottom digest)` is false, i.e. when the server has not written that bottom to a file yet.
         `frozen` runs in the worker thread."""

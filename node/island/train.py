@@ -31,10 +31,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from node.config import Config, ConfigError, InnerConfig, ModelConfig, preset
-from node.data import DataError, Dataset
-from node.evaluate import bits_per_byte, next_token_loss, summed_loss
-from node.model import check_flat, init_params, make_apply, param_count
+from node.island.config import Config, ConfigError, InnerConfig, ModelConfig, preset
+from node.island.data import DataError, Dataset
+from node.island.evaluate import bits_per_byte, next_token_loss, summed_loss
+from node.island.model import check_flat, init_params, make_apply, param_count
 from protocol.errors import LocalProtocolError
 
 __all__ = ["BatchSource", "InnerLoop", "RoundResult", "lr_schedule", "make_optimizer", "main"]
@@ -42,7 +42,7 @@ __all__ = ["BatchSource", "InnerLoop", "RoundResult", "lr_schedule", "make_optim
 
 class BatchSource(Protocol):
     """Where `InnerLoop` takes its batches: `next_batch()` gives int32 `[batch_size, seq_len + 1]`;
-    `position` counts batches drawn and `seek(position)` resumes (see `node.data.Batcher`)."""
+    `position` counts batches drawn and `seek(position)` resumes (see `node.island.data.Batcher`)."""
 
     batch_size: int
     seq_len: int
@@ -226,7 +226,7 @@ class InnerLoop:
         `should_stop()` is polled before every step (at most one step is in flight when it is asked);
         when it returns True the round ends early with the steps done so far. `shift()`, also polled
         before every step, may return per-tensor float32 arrays that are added to the parameters (the
-        global parameters this round started from have moved: see `node.rebase`). `run(0)` returns the
+        global parameters this round started from have moved: see `node.outer.rebase`). `run(0)` returns the
         current params unchanged.
         """
         if steps < 0:
@@ -320,7 +320,7 @@ class InnerLoop:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m node.train", description="Train one island alone (no network).")
+    p = argparse.ArgumentParser(prog="python -m node.island.train", description="Train one island alone (no network).")
     p.add_argument("--model", default="tiny", help="preset: tiny, small, base, large (default tiny)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable)")

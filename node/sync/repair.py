@@ -12,7 +12,7 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`).
 
-After a fork in which ours is heavier, the peer is sent a fork hint (`node.forkhint`), so that it compares
+After a fork in which ours is heavier, the peer is sent a fork hint (`node.sync.forkhint`), so that it compares
 with us too and gives way; otherwise only the side that noticed the fork would know of it.
 
 When it runs (`node.runtime`, one comparison per peer at a time): at the end of a run, when a draining
@@ -22,7 +22,7 @@ at the last comparison, and with a peer that sent a fork hint; and at once with 
 update that arrived after its slot left our window (applied stale or dropped: our history now differs
 from the origin's).
 
-What is fetched (`node.statefetch`): the peer's meta (its state without arrays and payload bytes,
+What is fetched (`node.sync.statefetch`): the peer's meta (its state without arrays and payload bytes,
 verified against its signed manifest) to compare; then only the payload blobs of the updates to add
 (handed back in `RepairResult.payloads` for the node's blob clean-up), or, to adopt, the whole state
 (the bottom in verified pieces). The meta blob is removed again unless this node held it already.
@@ -37,11 +37,11 @@ from pathlib import Path
 import httpx
 import trio
 
-from node.forkhint import send_fork_hint
-from node.join import PeerSyncing, fetch_manifest
-from node.outer_files import drop_pages, map_blob
-from node.replica import Proposal, Replica
-from node.statefetch import download_state, fetch_meta, fetch_payloads
+from node.sync.forkhint import send_fork_hint
+from node.sync.join import PeerSyncing, fetch_manifest
+from node.outer.outer_files import drop_pages, map_blob
+from node.outer.replica import Proposal, Replica
+from node.sync.statefetch import download_state, fetch_meta, fetch_payloads
 from p2p import Host, TransportError
 from protocol.errors import RemoteProtocolError
 from protocol.ledger import LedgerView, Payload, reconcile
@@ -51,7 +51,7 @@ from protocol.messages import StateManifest
 
 __all__ = ["RepairResult", "pull_missing"]
 
-log = logging.getLogger("node.repair")
+log = logging.getLogger("node.sync.repair")
 
 
 @dataclass(frozen=True)
@@ -162,5 +162,5 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     log.warning("repair from %s (its slot %d): histories forked and ours is heavier (%s vs %s): keeping ours; "
                 "%d of its updates added, %d of its ids orphaned; asking it to compare with us", peer,
                 manifest.slot, _key(ours_key), _key(theirs_key), added, ignored)
-    await send_fork_hint(http_addr, host.peer_id)  # the lighter side must adopt ours (node.forkhint)
+    await send_fork_hint(http_addr, host.peer_id)  # the lighter side must adopt ours (node.sync.forkhint)
     return RepairResult(added, unplaced, ignored, "kept", payloads)

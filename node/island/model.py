@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from node.config import ModelConfig
+from node.island.config import ModelConfig
 from protocol.errors import LocalProtocolError
 
 __all__ = [

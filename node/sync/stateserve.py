@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from node.replica import Replica
+from node.outer.replica import Replica
 from p2p import Host, Kind, Request, Response, blob_hex
 from p2p.blobserve import client_name
 from protocol.compression import Codec, encode_tensors

@@ -1,5 +1,5 @@
 """The fork hint: `POST /compare` with `{"peer": "<peer id>"}` asks a node to compare its state with that
-peer's before its next round (`node.repair.pull_missing`, the fork choice).
+peer's before its next round (`node.sync.repair.pull_missing`, the fork choice).
 
 A comparison that finds the two histories forked and our state heavier keeps ours; the peer, whose state
 must give way, learns of the fork only when it compares with us itself. Nothing may make it do so for a
@@ -28,7 +28,7 @@ __all__ = ["COMPARE_PATH", "ForkHintRoute", "send_fork_hint"]
 
 COMPARE_PATH = "/compare"
 
-log = logging.getLogger("node.forkhint")
+log = logging.getLogger("node.sync.forkhint")
 
 
 class ForkHintRoute:

@@ -2,8 +2,8 @@
 
 Protocol. After its last update a node *drains*: it publishes nothing more, but keeps receiving,
 serving blobs, forwarding gossip and catching up slots. Its heartbeats carry the state
-`drain:<h>`, where `h` is the first 26 hex digits of its agreement hash (`node.replica.agreement_hex`:
-the order-independent hash of the set of update ids its ledger has seen, `node.replica.IdSetHash`,
+`drain:<h>`, where `h` is the first 26 hex digits of its agreement hash (`node.outer.replica.agreement_hex`:
+the order-independent hash of the set of update ids its ledger has seen, `node.outer.replica.IdSetHash`,
 combined with the placement sum of which update sits in which slot). It stops waiting when every
 connected peer is draining with the same `h` (everyone will publish no more, and everyone holds the same
 updates at the same slots), then closes every slot that holds updates, says goodbye (signed),
@@ -13,7 +13,7 @@ Why this ends with equal digests: the ledger digest is a function of the number 
 the ids applied per slot, and the parameters a function of those too (the ledger's invariant). Equal
 agreement hashes give the same highest slot to close to, and the same ids at the same slots (two
 replicas whose histories forked hold the same ids at different slots: their placement sums differ, and
-the fork choice, `node.repair`, settles them first).
+the fork choice, `node.sync.repair`, settles them first).
 
 Why it cannot deadlock: draining is "I will publish no more", not "I stopped listening"; a node waits
 only for peers that are still connected, and a peer that left (goodbye, or silent past the heartbeat
@@ -22,7 +22,7 @@ longer gossips with it, so their sets would never meet). Nobody waits for a good
 
 A peer whose set differs (an update still in flight) is waited for until gossip delivers it; if its set
 stays different for a few heartbeats with neither side changing, the node pulls the updates it lacks
-from that peer's state snapshot (`node.repair`), and the peer does the same with ours. The wait is
+from that peer's state snapshot (`node.sync.repair`), and the peer does the same with ours. The wait is
 bounded twice, whatever the peers do: `quiet_s` without any progress (no new update, no change in any
 peer's heartbeat) ends it with a warning, and so does `limit_s` (default `LIMIT_FACTOR × quiet_s`) from
 its start, progress or not (a peer that trains on without `--max-rounds` keeps making progress).
@@ -100,7 +100,7 @@ class DrainTracker:
     def diverged(self, now: float, min_s: float) -> list[tuple[str, str]]:
         """(peer, state) of connected draining peers whose update set has differed from ours, with
         neither side changing, for `min_s` seconds (as of the last `update`): gossip is not reconciling
-        them, a repair pull may (`node.repair`)."""
+        them, a repair pull may (`node.sync.repair`)."""
         if self._own is None:
             return []
         own, own_since = self._own

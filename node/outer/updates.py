@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node.outer_files import drop_pages, map_blob
+from node.outer.outer_files import drop_pages, map_blob
 from protocol.compression import ErrorFeedback, payload_size
 from protocol.compression.formats import as_codec_remote
 from protocol.errors import Reason, RemoteProtocolError

@@ -1,6 +1,6 @@
-"""State sync: joining from other nodes' states (serving them: `node.stateserve`).
+"""State sync: joining from other nodes' states (serving them: `node.sync.stateserve`).
 
-Serving (`node.stateserve.StateServer`). `GET /state` answers the canonical bytes of this node's latest
+Serving (`node.sync.stateserve.StateServer`). `GET /state` answers the canonical bytes of this node's latest
 signed `StateManifest` (run id, origin, slot, ledger and params digests, and one blob, `meta`: the state
 without its arrays and payload bytes, with the piece index of the window bottom). The bottom is served
 piece by piece (`GET /state/bottom/<bottom digest>/<piece>`), the window's payloads as blobs. 503 while
@@ -9,7 +9,7 @@ this node has no state. The formats and checks are PROTOCOL.md's "State sync".
 Joining (`sync_state`). Ask every connected peer for its manifest (each one is verified like a gossiped
 message: schema, run id, signature, and its origin must be the peer asked), then `choose`: the freshest
 state confirmed by two peers (same slot, same ledger and params digests); else the freshest one, with a
-logged warning. Download it with `node.statefetch.download_state`: the meta from one vouching donor (the
+logged warning. Download it with `node.sync.statefetch.download_state`: the meta from one vouching donor (the
 next if it fails or does not verify against its manifest), the bottom's pieces from *all* of them in
 parallel, each piece checked against the signed params digest's hash tree before it is written to disk
 (a donor that dies mid-way costs only its in-flight pieces; one that sends a bad piece is refused with
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import httpx
 import trio
 
-from node.statefetch import PieceHook, download_state
-from node.stateserve import STATE_PATH, StateServer
+from node.sync.statefetch import PieceHook, download_state
+from node.sync.stateserve import STATE_PATH, StateServer
 from p2p import Host, TransportError
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import BottomStore, Ledger, LedgerConfig
@@ -45,7 +45,7 @@ from protocol.validation import Validator
 __all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest",
            "fetch_manifests", "sync_state"]
 
-log = logging.getLogger("node.join")
+log = logging.getLogger("node.sync.join")
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     it is stopped rather than train alone).
     Waits `retry_s` between asks; asks up to three times for a confirmed state before settling for an
     unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting); `on_piece(peer,
-    index)` of every verified bottom piece (`node.statefetch`)."""
+    index)` of every verified bottom piece (`node.sync.statefetch`)."""
     deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
     unconfirmed_tries = empty_asks = 0
     try:

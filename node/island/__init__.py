@@ -1,0 +1,1 @@
+"""The island's training: model, data, inner loop, evaluation, baseline (no networking; see `node`)."""

@@ -1,0 +1,1 @@
+"""Replicas coming to agree: join, state serving and download, repair and fork choice, drain (see `node`)."""
