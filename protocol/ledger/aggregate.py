@@ -19,7 +19,7 @@ pairwise summation over fixed chunks, never BLAS; terms with ``c_i = 0`` are ski
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,8 @@ from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, span_of
 
-__all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "coefficient", "slot_scale", "uses_radial"]
+__all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "canonical_spans", "coefficient", "slot_scale",
+           "uses_radial"]
 
 _F64 = np.float64
 
@@ -97,30 +98,38 @@ def add_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
     return math.sqrt(math.fsum(parts))
 
 
+def canonical_spans(
+    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, size: int, out: np.ndarray | None = None
+) -> Iterator[tuple[slice, np.ndarray, float]]:
+    """Tensor ``name``'s canonical ``U`` over ``entries``, span by span (the fixed chunking): yields
+    ``(span, U over it, its sum of squares)``. ``U`` is written into ``out`` (a flat float64 array of
+    ``size``) if given, else into one chunk-sized buffer reused for the next span."""
+    ordered = sorted(entries, key=lambda e: e.meta.update_id)
+    terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
+    buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
+    for s in spans(size):
+        uc = out[s] if out is not None else buf[: s.stop - s.start]
+        t = tmp[: s.stop - s.start]
+        if not terms:
+            uc[...] = 0.0
+        for i, (deltas, c) in enumerate(terms):
+            x = span_of(deltas, name, s)  # float32; each product below is float64(x)·c, one rounding
+            if i == 0:
+                np.multiply(x, c, out=uc, dtype=_F64)
+            else:
+                np.multiply(x, c, out=t, dtype=_F64)
+                uc += t
+        yield s, uc, float(np.sum(np.square(uc, out=t)))
+
+
 def accumulate_sorted(
     entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray]
 ) -> dict[str, float]:
     """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``."""
-    ordered = sorted(entries, key=lambda e: e.meta.update_id)
 
     def one(name: str) -> float:
-        u = out[name]
-        terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
-        uf, buf = flat(u), _buffer(u.size)
-        parts = []
-        for s in spans(uf.size):
-            uc, t = uf[s], buf[: s.stop - s.start]
-            if not terms:
-                uc[...] = 0.0
-            for i, (deltas, c) in enumerate(terms):
-                x = span_of(deltas, name, s)  # float32; each product below is float64(x)·c, one rounding
-                if i == 0:
-                    np.multiply(x, c, out=uc, dtype=_F64)
-                else:
-                    np.multiply(x, c, out=t, dtype=_F64)
-                    uc += t
-            parts.append(float(np.sum(np.square(uc, out=t))))
-        return math.sqrt(math.fsum(parts))
+        uf = flat(out[name])
+        return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf)))
 
     names = list(out)
     return dict(zip(names, parallel_map(one, names), strict=True))

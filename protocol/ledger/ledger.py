@@ -42,14 +42,12 @@ replica's updates to the state that replaced it.
 Updates that arrived after their slot left the window break the invariant by design (where they land
 depends on when they arrived); they are counted.
 
-Memory, per parameter (docs/outer-memory.md has the whole node's budget): each update of the window, the
-open slot and the future is kept as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node),
-decoded span by span when a slot's aggregate is computed (an update added without a payload keeps its
-float32 deltas: 4 B); no running sums but the newest closed slot's, float32 (4 B, for fast late folds:
-:mod:`protocol.ledger.slot`); float32 working θ, v (8 B); the
-float32 window bottom θ, v (8 B) in the arrays of a :class:`~protocol.ledger.storage.BottomStore` (a
-node's keeps them in memory-mapped files, resident only tensor by tensor during a pass); a float64
-temporary per tensor in flight (one per core). Arithmetic is float64 throughout, rounded once per element
+Memory, per parameter (docs/outer-memory.md has the node's budget): every update of the window, open slot
+and future as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node; without a payload its
+float32 deltas), decoded span by span when a slot's aggregate is computed; float32 working θ, v (8 B); the
+newest closed slot's sum, float32 (4 B, :mod:`protocol.ledger.slot`); the float32 window bottom (8 B) in
+a :class:`~protocol.ledger.storage.BottomStore` (a node's: memory-mapped files, resident only during a
+pass); a float64 temporary per radial tensor in flight. Arithmetic is float64, rounded once per element
 into the float32 state (:mod:`protocol.ledger.outer`).
 """
 
@@ -63,11 +61,12 @@ import numpy as np
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
-from protocol.ledger.aggregate import SlotEntry
+from protocol.ledger.aggregate import SlotEntry, uses_radial
+from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals
-from protocol.ledger.outer import fold_change, fold_coefficients, nesterov_step
+from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nesterov_step
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
@@ -454,16 +453,21 @@ class Ledger:
         return make_entry(meta, slot, deltas, payload, self._shapes, update_weight(meta, slot, self.config))
 
     def _canonical_step(self, theta: dict, v: dict, s: int, settle: bool = False) -> None:
-        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads
-        (each one's ``u`` recomputed into a temporary of its size); ``settle``: the arrays are the bottom
-        store's, settled after each tensor."""
+        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads;
+        ``settle``: the arrays are the bottom store's, settled after each tensor. A radial tensor's scale
+        needs ``‖u‖`` first, so its ``u`` is computed into a float64 temporary of its size; a mean tensor's
+        scale does not (e.g. the embeddings, the largest tensors), so it is summed and stepped span by span
+        (no temporary; the same bits: every operation is elementwise)."""
         slot, eta, mu = self._slots[s], self.config.eta(s), self.config.momentum
 
         def one(name: str) -> None:
-            u = np.empty(self._shapes[name], dtype=_F64)
-            _, scale = slot.canonical_tensor(name, u)
+            if uses_radial(name, self.config):
+                u = np.empty(self._shapes[name], dtype=_F64)
+                _, scale = slot.canonical_tensor(name, u)
+                nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
+            else:
+                mean_step(slot, name, flat(theta[name]), flat(v[name]), eta, mu)
             self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
-            nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
             if settle:
                 self.bottom_store.settle((theta[name], v[name]))
 

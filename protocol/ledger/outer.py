@@ -30,9 +30,10 @@ import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
-from protocol.ledger.slot import TermChange
+from protocol.ledger.aggregate import canonical_spans, slot_scale
+from protocol.ledger.slot import LiveSlot, TermChange
 
-__all__ = ["fold_coefficients", "fold_change", "nesterov_step"]
+__all__ = ["fold_coefficients", "fold_change", "mean_step", "nesterov_step"]
 
 _F64 = np.float64
 Arrays = Mapping[str, np.ndarray]
@@ -68,6 +69,23 @@ def nesterov_step(
             np.subtract(thf[s], tmp, out=thf[s], casting="same_kind")
 
     parallel_map(one, theta)
+
+
+def mean_step(slot: LiveSlot, name: str, theta: np.ndarray, v: np.ndarray, eta: float, mu: float) -> None:
+    """:func:`nesterov_step` of a mean-aggregated tensor (flat ``theta``, ``v``) with ``slot``'s canonical
+    aggregate, summed and stepped span by span: its scale (1 / Σ w) needs no norm, so no temporary of the
+    tensor's size (the embeddings are the largest tensors); the same bits, every operation being
+    elementwise. The slot's kept sum, if it keeps one, is written on the way."""
+    scale = {name: slot_scale(slot.entries, name, slot.config, 0.0)}
+    kept, parts = slot.kept_buffer(name), []
+    kept_flat = None if kept is None else kept.reshape(-1)
+    for span, uc, part in canonical_spans(slot.entries, name, slot.config, theta.size):
+        parts.append(part)
+        if kept_flat is not None:
+            kept_flat[span] = uc
+        nesterov_step({name: theta[span]}, {name: v[span]}, {name: uc}, scale, eta, mu)
+    if kept is not None:
+        slot.set_kept(name, kept, math.sqrt(math.fsum(parts)))
 
 
 def fold_coefficients(r: int, n: int, eta: Callable[[int], float], mu: float) -> tuple[float, float]:

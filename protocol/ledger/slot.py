@@ -62,12 +62,22 @@ class LiveSlot:
         kept, self.kept, self.keeping = self.kept, {}, False
         return kept
 
+    def kept_buffer(self, name: str) -> np.ndarray | None:
+        """Where tensor ``name``'s sum is kept (a float32 array; its norm is set by :meth:`set_kept`), or
+        None when this slot keeps no sums."""
+        if not self.keeping:
+            return None
+        return self.kept[name][0] if name in self.kept else np.empty(self.shapes[name], dtype=np.float32)
+
+    def set_kept(self, name: str, buffer: np.ndarray, norm: float) -> None:
+        self.kept[name] = (buffer, norm)
+
     def _store(self, name: str, u: np.ndarray, norm: float) -> None:
-        if self.keeping:
-            buf = self.kept[name][0] if name in self.kept else np.empty(self.shapes[name], dtype=np.float32)
+        buf = self.kept_buffer(name)
+        if buf is not None:
             if buf is not u:
                 np.copyto(buf, u, casting="same_kind")
-            self.kept[name] = (buf, norm)
+            self.set_kept(name, buf, norm)
 
     def ids(self) -> list[bytes]:
         return [e.meta.update_id for e in self.entries]

@@ -113,9 +113,11 @@ def test_replicas_agree_whatever_the_order(case, order_seed):
     for led in replicas:
         assert led.slot == ref.slot
         assert led.params_digest() == ref.params_digest()  # the canonical state, bit for bit
-        # the working state: late folds round (float32 state) in arrival order
-        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-5
-        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= 1e-5
+        # The working state: late folds round in arrival order, in the float32 state and the newest slot's
+        # float32 sum, so each fold's change carries ~1e-7 of the slot's aggregate, and momentum, a sum of
+        # aggregates of both signs, can be ten times smaller than one of them (hypothesis found 1.7e-5).
+        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-4
+        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= 1e-4
         assert led.ledger_digest() == ref.ledger_digest()
         assert sum(led.counters[k] for k in ("applied-open", "folded-late", "held-future")) == len(case.updates)
         assert led.counters["applied-stale"] == led.counters["dropped-stale"] == led.counters["duplicate"] == 0

@@ -76,21 +76,30 @@ def test_a_restart_removes_the_blobs_its_previous_process_left(tmp_path) -> None
 
 
 def test_freed_temporaries_leave_the_process() -> None:
-    """With the node's allocator setting, a freed tensor-sized buffer is unmapped at once (glibc)."""
-    from node.outer.outer_files import return_freed_memory
+    """With the node's allocator setting, a freed tensor-sized buffer is unmapped at once (glibc), in a
+    fresh process (this one's heap holds whatever earlier tests freed)."""
+    import subprocess
+    import sys
 
-    if not return_freed_memory():
+    script = """
+import sys
+import numpy as np
+from node.outer.outer_files import return_freed_memory
+if not return_freed_memory():
+    sys.exit(3)
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+for _ in range(3):  # without the setting glibc raises its threshold at the first free and keeps the next
+    before = rss()
+    a = np.ones(8 << 20, dtype=np.uint8)  # 8 MiB, under glibc's largest dynamic threshold (32 MiB)
+    assert rss() - before >= 7 << 20, rss() - before
+    del a
+    assert rss() - before < 1 << 20, rss() - before
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    if done.returncode == 3:
         import pytest
 
         pytest.skip("not glibc")
-
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
-    for _ in range(3):  # glibc would raise its threshold after the first free, and keep the next ones
-        before = rss()
-        a = np.ones(8 << 20, dtype=np.uint8)  # 8 MiB, under glibc's largest dynamic threshold (32 MiB)
-        assert rss() - before >= 7 << 20
-        del a
-        assert rss() - before < 1 << 20
+    assert done.returncode == 0, done.stderr
