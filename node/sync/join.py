@@ -188,10 +188,20 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                         log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
                                     best.manifest.slot, best.confirmed_by[0])
                     for choice in choices:
-                        waiting(f"the download of the state of slot {choice.manifest.slot}")
+                        what = f"the download of the state of slot {choice.manifest.slot}"
+                        waiting(what)
+                        verified = 0
+
+                        def progress(peer: str, index: int) -> None:
+                            nonlocal verified
+                            verified += 1
+                            waiting(f"{what}: {verified} pieces of its parameters verified (4 MiB each)")
+                            if on_piece is not None:
+                                on_piece(peer, index)
+
                         try:
                             loaded = await download_state(host, choice.manifests, config, shapes, bottom,
-                                                          on_piece=on_piece)
+                                                          on_piece=progress)
                         except (RemoteProtocolError, TransportError, OSError) as exc:
                             log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
                                         choice.confirmed_by, exc)
