@@ -48,8 +48,8 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger.config import ID_BYTES, UpdateMeta
+from protocol.ledger.fields import array, bad_state, binary, seen_ids, shapes_field, string_map, uint
 from protocol.ledger.fork import SUM_BYTES
 from protocol.ledger.payload import Payload, decode_snapshot_payload
 
@@ -171,41 +171,33 @@ class LedgerSnapshot:
         try:
             doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
-            raise _bad(f"undecodable: {exc}") from None
+            raise bad_state(f"undecodable: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or type(doc.get("version")) is not int \
                 or doc["version"] not in (1, 2, 3, 4, VERSION):
             version = doc.get("version") if isinstance(doc, dict) else None
-            raise _bad(f"not a snapshot of a supported version (got {version!r}, reading 1 to {VERSION})")
+            raise bad_state(f"not a snapshot of a supported version (got {version!r}, reading 1 to {VERSION})")
         if set(doc) != (_KEYS_V1 if doc["version"] == 1 else _KEYS):
-            raise _bad(f"top level must be a map with exactly the keys of a version {doc['version']} snapshot")
-        slot, base = _uint(doc["slot"], "slot"), _uint(doc["base_slot"], "base_slot")
+            raise bad_state(f"top level must be a map with exactly the keys of a version {doc['version']} snapshot")
+        slot, base = uint(doc["slot"], "slot"), uint(doc["base_slot"], "base_slot")
         if base > slot:
-            raise _bad("base_slot > slot")
+            raise bad_state("base_slot > slot")
         if doc["version"] == 1:
             if base:
-                raise _bad("a version 1 snapshot past slot 0 of its window lacks the finalized totals")
+                raise bad_state("a version 1 snapshot past slot 0 of its window lacks the finalized totals")
             doc.update(applied_tokens=0, applied_sum=bytes(SUM_BYTES))
-        applied_sum = _bytes(doc["applied_sum"], "applied_sum")
+        applied_sum = binary(doc["applied_sum"], "applied_sum")
         if len(applied_sum) != SUM_BYTES:
-            raise _bad(f"applied_sum must be {SUM_BYTES} bytes")
-        if not isinstance(doc["config"], dict) or not all(isinstance(k, str) for k in doc["config"]):
-            raise _bad("config must be a map")
-        shapes = _shapes(doc["shapes"])
+            raise bad_state(f"applied_sum must be {SUM_BYTES} bytes")
+        string_map(doc["config"], "config")
+        shapes = shapes_field(doc["shapes"])
         version = doc["version"]
         base_dtype = _F32 if version >= 5 else _F64
-        entries = tuple(_entry(x, shapes, version) for x in _list(doc["entries"], "entries"))
-        chain = _bytes(doc["chain"], "chain")
+        entries = tuple(_entry(x, shapes, version) for x in array(doc["entries"], "entries"))
+        chain = binary(doc["chain"], "chain")
         if len(chain) != 32:
-            raise _bad("chain must be 32 bytes")
-        seen_raw = _bytes(doc["seen"], "seen")
-        if len(seen_raw) % ID_BYTES:
-            raise _bad("seen must be a concatenation of 32-byte ids")
-        seen = tuple(seen_raw[i : i + ID_BYTES] for i in range(0, len(seen_raw), ID_BYTES))
-        if any(a >= b for a, b in zip(seen, seen[1:], strict=False)):
-            raise _bad("seen ids must be sorted and unique")
-        counters = doc["counters"]
-        if not isinstance(counters, dict) or not all(isinstance(k, str) for k in counters):
-            raise _bad("counters must be a map")
+            raise bad_state("chain must be 32 bytes")
+        seen = seen_ids(doc["seen"])
+        counters = string_map(doc["counters"], "counters")
         return cls(
             slot=slot,
             base_slot=base,
@@ -216,8 +208,8 @@ class LedgerSnapshot:
             entries=entries,
             chain=chain,
             seen=seen,
-            counters={k: _uint(v, f"counters[{k}]") for k, v in counters.items()},
-            applied_tokens=_uint(doc["applied_tokens"], "applied_tokens"),
+            counters={k: uint(v, f"counters[{k}]") for k, v in counters.items()},
+            applied_tokens=uint(doc["applied_tokens"], "applied_tokens"),
             applied_sum=int.from_bytes(applied_sum, "big"),
         )
 
@@ -265,46 +257,15 @@ def _pack(x: object, out: list[bytes | memoryview], packer: msgpack.Packer) -> N
         out.append(packer.pack(x))
 
 
-def _bad(detail: str) -> RemoteProtocolError:
-    return RemoteProtocolError(Reason.BAD_STATE, detail)
-
-
-def _uint(x: object, what: str) -> int:
-    if type(x) is not int or x < 0:
-        raise _bad(f"{what} must be a non-negative int")
-    return x
-
-
-def _bytes(x: object, what: str) -> bytes:
-    if not isinstance(x, bytes):
-        raise _bad(f"{what} must be bytes")
-    return x
-
-
-def _list(x: object, what: str) -> list:
-    if not isinstance(x, list):
-        raise _bad(f"{what} must be an array")
-    return x
-
-
-def _shapes(x: object) -> dict[str, tuple[int, ...]]:
-    if not isinstance(x, dict) or not x or not all(isinstance(k, str) for k in x):
-        raise _bad("shapes must be a non-empty map of names")
-    return {
-        name: tuple(_uint(d, f"shape of {name}") for d in _list(dims, f"shape of {name}"))
-        for name, dims in sorted(x.items())
-    }
-
-
 def _blob(x: object, what: str, version: int) -> bytes:
     """A raw array or payload: bytes (versions 1 to 3; 5 when it fits a bin), or a non-empty list of bins
     joined (version 4; 5 when it does not fit a bin; the list is emptied so its bins are freed as soon as
     they are joined)."""
     if version < 4 or (version >= 5 and isinstance(x, bytes)):
-        return _bytes(x, what)
-    bins = _list(x, what)
+        return binary(x, what)
+    bins = array(x, what)
     if not bins or not all(isinstance(b, bytes) for b in bins):
-        raise _bad(f"{what} must be a non-empty array of bins")
+        raise bad_state(f"{what} must be a non-empty array of bins")
     joined = bins[0] if len(bins) == 1 else b"".join(bins)
     bins.clear()
     return joined
@@ -315,43 +276,43 @@ def _arrays(
 ) -> dict[str, np.ndarray]:
     """Raw bytes per name → read-only arrays of ``dtype``; exact names, lengths, finite values."""
     if not isinstance(x, dict) or set(x) != set(shapes):
-        raise _bad(f"{what} must name exactly the tensors of shapes")
+        raise bad_state(f"{what} must name exactly the tensors of shapes")
     out = {}
     for name, shape in shapes.items():
         raw = _blob(x[name], f"{what}[{name}]", version)
         if len(raw) != math.prod(shape) * dtype.itemsize:
-            raise _bad(f"{what}[{name}] has {len(raw)} bytes, expected {math.prod(shape) * dtype.itemsize}")
+            raise bad_state(f"{what}[{name}] has {len(raw)} bytes, expected {math.prod(shape) * dtype.itemsize}")
         arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
         if not np.isfinite(arr).all():
-            raise _bad(f"{what}[{name}] has non-finite values")
+            raise bad_state(f"{what}[{name}] has non-finite values")
         out[name] = arr
     return out
 
 
 def _entry(x: object, shapes: Mapping[str, tuple[int, ...]], version: int) -> SnapshotEntry:
-    fields = _list(x, "entry")
+    fields = array(x, "entry")
     if len(fields) != 8:
-        raise _bad("an entry has 8 fields")
+        raise bad_state("an entry has 8 fields")
     update_id, origin, base_slot, publish_slot, tokens, steps, slot, deltas = fields
     if not isinstance(origin, str):
-        raise _bad("entry origin must be a string")
-    update_id = _bytes(update_id, "entry id")
+        raise bad_state("entry origin must be a string")
+    update_id = binary(update_id, "entry id")
     if len(update_id) != ID_BYTES:
-        raise _bad("entry id must be 32 bytes")
+        raise bad_state("entry id must be 32 bytes")
     meta = UpdateMeta(
         update_id=update_id,
         origin=origin,
-        base_slot=_uint(base_slot, "entry base_slot"),
-        publish_slot=_uint(publish_slot, "entry publish_slot"),
-        tokens=_uint(tokens, "entry tokens"),
-        inner_steps=_uint(steps, "entry inner_steps"),
+        base_slot=uint(base_slot, "entry base_slot"),
+        publish_slot=uint(publish_slot, "entry publish_slot"),
+        tokens=uint(tokens, "entry tokens"),
+        inner_steps=uint(steps, "entry inner_steps"),
     )
-    slot = _uint(slot, "entry slot")
+    slot = uint(slot, "entry slot")
     if isinstance(deltas, dict):
         return SnapshotEntry(meta=meta, slot=slot, deltas=_arrays(deltas, shapes, _F32, "entry deltas", version))
     with_payloads = version >= 3
     if not with_payloads or not isinstance(deltas, list) or len(deltas) != 2:
-        raise _bad("entry deltas must be a map of float32 arrays" + (" or [codec, payload]" if with_payloads else ""))
+        raise bad_state("entry deltas must be a map of float32 arrays" + (" or [codec, payload]" if with_payloads else ""))
     codec, data = deltas
     payload, decoded = decode_snapshot_payload(codec, _blob(data, "entry payload", version), shapes)
     return SnapshotEntry(meta=meta, slot=slot, deltas=decoded, payload=payload)

@@ -33,11 +33,11 @@ import msgpack
 import numpy as np
 
 from protocol.compression import Codec, payload_size
-from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger.config import ID_BYTES, UpdateMeta
 from protocol.ledger.digest import BOTTOM_DOMAIN, PIECE, piece_hashes, state_digest, tree_digest_of_hashes
 from protocol.ledger.fork import SUM_BYTES, LedgerView
-from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry, _bytes, _list, _shapes, _uint
+from protocol.ledger.fields import array, bad_state, binary, seen_ids, shapes_field, string_map, uint
+from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 
 __all__ = ["BOTTOM_DOMAIN", "BOTTOM_PREFIX", "META_BLOB", "BottomIndex", "IndexedArray", "MetaEntry", "Piece",
            "StateMeta", "bottom_arrays", "verify_meta"]
@@ -50,10 +50,6 @@ HASH = 32
 FLOAT_DTYPES = frozenset({"<f4", "<f8"})  # what a bottom array may be (the dtype is part of its digest)
 _KEYS = frozenset({"format", "version", "slot", "base_slot", "config", "shapes", "chain", "seen", "counters",
                    "applied_tokens", "applied_sum", "entries", "bottom"})
-
-
-def _bad(detail: str) -> RemoteProtocolError:
-    return RemoteProtocolError(Reason.BAD_STATE, detail)
 
 
 @dataclass(frozen=True)
@@ -142,24 +138,24 @@ class BottomIndex:
         """Decode and check against ``shapes``: exactly ``momentum/<t>`` and ``theta/<t>`` per tensor, in
         ascending order, with the tensor's shape, a float dtype, and one hash per piece."""
         expected = sorted([f"momentum/{n}" for n in shapes] + [f"theta/{n}" for n in shapes])
-        rows = _list(x, "bottom")
+        rows = array(x, "bottom")
         if len(rows) != len(expected):
-            raise _bad("bottom must list momentum/<t> and theta/<t> for every tensor")
+            raise bad_state("bottom must list momentum/<t> and theta/<t> for every tensor")
         arrays = []
         for row, name in zip(rows, expected, strict=True):
-            fields = _list(row, "bottom array")
+            fields = array(row, "bottom array")
             if len(fields) != 4 or fields[0] != name:
-                raise _bad(f"bottom array {len(arrays)} must be [{name!r}, dtype, shape, hashes]")
+                raise bad_state(f"bottom array {len(arrays)} must be [{name!r}, dtype, shape, hashes]")
             _, dtype, dims, hashes = fields
             if dtype not in FLOAT_DTYPES:
-                raise _bad(f"bottom array {name}: dtype must be one of {sorted(FLOAT_DTYPES)}")
-            shape = tuple(_uint(d, f"shape of {name}") for d in _list(dims, f"shape of {name}"))
+                raise bad_state(f"bottom array {name}: dtype must be one of {sorted(FLOAT_DTYPES)}")
+            shape = tuple(uint(d, f"shape of {name}") for d in array(dims, f"shape of {name}"))
             if shape != tuple(shapes[name.split("/", 1)[1]]):
-                raise _bad(f"bottom array {name}: shape {shape} is not the model's")
-            raw = _bytes(hashes, f"hashes of {name}")
+                raise bad_state(f"bottom array {name}: shape {shape} is not the model's")
+            raw = binary(hashes, f"hashes of {name}")
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             if len(raw) != HASH * math.ceil(nbytes / PIECE):
-                raise _bad(f"bottom array {name}: {len(raw)} hash bytes for {nbytes} bytes of {PIECE}-byte pieces")
+                raise bad_state(f"bottom array {name}: {len(raw)} hash bytes for {nbytes} bytes of {PIECE}-byte pieces")
             arrays.append(IndexedArray(name, dtype, shape, tuple(raw[i : i + HASH] for i in range(0, len(raw), HASH))))
         return cls(tuple(arrays))
 
@@ -231,54 +227,46 @@ class StateMeta:
         try:
             doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
         except (msgpack.UnpackException, ValueError, TypeError) as exc:
-            raise _bad(f"undecodable meta: {exc}") from None
+            raise bad_state(f"undecodable meta: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-            raise _bad(f"not a {FORMAT} of version {VERSION}")
+            raise bad_state(f"not a {FORMAT} of version {VERSION}")
         if set(doc) != _KEYS:
-            raise _bad("the meta must be a map with exactly the keys of its version")
-        slot, base = _uint(doc["slot"], "slot"), _uint(doc["base_slot"], "base_slot")
+            raise bad_state("the meta must be a map with exactly the keys of its version")
+        slot, base = uint(doc["slot"], "slot"), uint(doc["base_slot"], "base_slot")
         if base > slot:
-            raise _bad("base_slot > slot")
-        if not isinstance(doc["config"], dict) or not all(isinstance(k, str) for k in doc["config"]):
-            raise _bad("config must be a map")
-        shapes = _shapes(doc["shapes"])
-        chain, applied_sum = _bytes(doc["chain"], "chain"), _bytes(doc["applied_sum"], "applied_sum")
+            raise bad_state("base_slot > slot")
+        string_map(doc["config"], "config")
+        shapes = shapes_field(doc["shapes"])
+        chain, applied_sum = binary(doc["chain"], "chain"), binary(doc["applied_sum"], "applied_sum")
         if len(chain) != 32 or len(applied_sum) != SUM_BYTES:
-            raise _bad(f"chain must be 32 bytes, applied_sum {SUM_BYTES}")
-        seen_raw = _bytes(doc["seen"], "seen")
-        if len(seen_raw) % ID_BYTES:
-            raise _bad("seen must be a concatenation of 32-byte ids")
-        seen = tuple(seen_raw[i : i + ID_BYTES] for i in range(0, len(seen_raw), ID_BYTES))
-        if any(a >= b for a, b in zip(seen, seen[1:], strict=False)):
-            raise _bad("seen ids must be sorted and unique")
-        counters = doc["counters"]
-        if not isinstance(counters, dict) or not all(isinstance(k, str) for k in counters):
-            raise _bad("counters must be a map")
-        entries = tuple(_entry(x, shapes) for x in _list(doc["entries"], "entries"))
+            raise bad_state(f"chain must be 32 bytes, applied_sum {SUM_BYTES}")
+        seen = seen_ids(doc["seen"])
+        counters = string_map(doc["counters"], "counters")
+        entries = tuple(_entry(x, shapes) for x in array(doc["entries"], "entries"))
         if any(a.meta.update_id >= b.meta.update_id for a, b in zip(entries, entries[1:], strict=False)):
-            raise _bad("entries must be sorted by update id, ids unique")
+            raise bad_state("entries must be sorted by update id, ids unique")
         return cls(slot, base, doc["config"], shapes, entries, chain, seen,
-                   {k: _uint(v, f"counters[{k}]") for k, v in counters.items()},
-                   _uint(doc["applied_tokens"], "applied_tokens"), int.from_bytes(applied_sum, "big"),
+                   {k: uint(v, f"counters[{k}]") for k, v in counters.items()},
+                   uint(doc["applied_tokens"], "applied_tokens"), int.from_bytes(applied_sum, "big"),
                    BottomIndex.of_doc(doc["bottom"], shapes))
 
 
 def _entry(x: object, shapes: Mapping[str, tuple[int, ...]]) -> MetaEntry:
-    fields = _list(x, "entry")
+    fields = array(x, "entry")
     if len(fields) != 10:
-        raise _bad("a meta entry has 10 fields")
+        raise bad_state("a meta entry has 10 fields")
     update_id, origin, base_slot, publish_slot, tokens, steps, slot, codec, sha, size = fields
-    update_id, sha = _bytes(update_id, "entry id"), _bytes(sha, "entry payload sha256")
+    update_id, sha = binary(update_id, "entry id"), binary(sha, "entry payload sha256")
     if len(update_id) != ID_BYTES or len(sha) != HASH or not isinstance(origin, str):
-        raise _bad("an entry's id and payload hash are 32 bytes, its origin a string")
+        raise bad_state("an entry's id and payload hash are 32 bytes, its origin a string")
     if codec not in {c.value for c in Codec}:
-        raise _bad(f"entry codec {codec!r} is unknown")
-    if _uint(size, "entry payload size") != payload_size(shapes, Codec(codec)):
-        raise _bad(f"entry payload of {size} bytes is not a {codec} payload of the model's shapes")
-    meta = UpdateMeta(update_id=update_id, origin=origin, base_slot=_uint(base_slot, "entry base_slot"),
-                      publish_slot=_uint(publish_slot, "entry publish_slot"), tokens=_uint(tokens, "entry tokens"),
-                      inner_steps=_uint(steps, "entry inner_steps"))
-    return MetaEntry(meta, _uint(slot, "entry slot"), Codec(codec), sha.hex(), size)
+        raise bad_state(f"entry codec {codec!r} is unknown")
+    if uint(size, "entry payload size") != payload_size(shapes, Codec(codec)):
+        raise bad_state(f"entry payload of {size} bytes is not a {codec} payload of the model's shapes")
+    meta = UpdateMeta(update_id=update_id, origin=origin, base_slot=uint(base_slot, "entry base_slot"),
+                      publish_slot=uint(publish_slot, "entry publish_slot"), tokens=uint(tokens, "entry tokens"),
+                      inner_steps=uint(steps, "entry inner_steps"))
+    return MetaEntry(meta, uint(slot, "entry slot"), Codec(codec), sha.hex(), size)
 
 
 def verify_meta(meta: StateMeta, slot: int, ledger_digest: bytes, params_digest: bytes) -> None:
@@ -287,8 +275,8 @@ def verify_meta(meta: StateMeta, slot: int, ledger_digest: bytes, params_digest:
     tree digest and that ledger digest must be the signed ``params_digest``. After this, each bottom
     piece is verified by its hash alone."""
     if meta.slot != slot:
-        raise _bad(f"meta of slot {meta.slot}, manifest of slot {slot}")
+        raise bad_state(f"meta of slot {meta.slot}, manifest of slot {slot}")
     if meta.view().ledger_digest() != ledger_digest:
-        raise _bad("the meta's ledger digest is not the manifest's")
+        raise bad_state("the meta's ledger digest is not the manifest's")
     if state_digest(meta.bottom.digest(), ledger_digest) != params_digest:
-        raise _bad("the meta's bottom index does not give the manifest's params digest")
+        raise bad_state("the meta's bottom index does not give the manifest's params digest")
