@@ -18,6 +18,7 @@ boundary: an inner round ends after its current step and publishes nothing; no d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,7 +41,7 @@ from node.island.model import embedding_names, param_shapes
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
-from node.outer.outer_files import MappedBottom, remove_old_blobs
+from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
 from node.settings import NodeSettings
 from node.status import NodeStats, StatusRoutes
 from node.island.train import InnerLoop
@@ -235,7 +236,9 @@ class NodeRuntime:
             ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
             if ckpt is not None:
                 try:
-                    snap = LedgerSnapshot.from_bytes(ckpt.ledger)
+                    snap, blobs = payloads_to_blobs(LedgerSnapshot.from_bytes(ckpt.ledger), self.host.store)
+                    ckpt = dataclasses.replace(ckpt, ledger=b"")  # the payloads are mapped blob files now
+                    rehomed.extend(blobs)
                     ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes, bottom=self.bottom_store)
                     params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
                     loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher(), params=params)  # no initialiser run
@@ -249,7 +252,9 @@ class NodeRuntime:
             loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
             return loop, heldout, Ledger(loop.params, self.ledger_config, bottom=self.bottom_store), None, None
 
+        rehomed: list[tuple[int, str]] = []  # (slot, blob) of the checkpoint's payloads, for the blob clean-up
         self.loop, self.heldout, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
+        self._track_payloads(tuple(rehomed))
         if ckpt is not None:
             self.stats.round = self.stats.resumed_round = ckpt.round
             self.stats.updates_published = int(ckpt.meta.get("updates_published", 0))

@@ -103,3 +103,33 @@ for _ in range(3):  # without the setting glibc raises its threshold at the firs
 
         pytest.skip("not glibc")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_checkpoints_payloads_move_to_mapped_blob_files(tmp_path) -> None:
+    """A restored snapshot's payloads leave memory for the blob store; the ledger it loads is the same."""
+    from node.outer.outer_files import payloads_to_blobs
+    from p2p.blobstore import BlobStore
+    from protocol.compression import Codec, encode_tensors
+    from protocol.ledger import Payload, PayloadDeltas
+
+    shapes = {"emb": (64, 33), "w": (70_001,)}
+    config = LedgerConfig(window=2, embeddings=frozenset({"emb"}))
+    rng = np.random.default_rng(5)
+    donor = Ledger({k: np.zeros(s, np.float32) for k, s in shapes.items()}, config)
+    for r in range(4):
+        for peer in range(2):
+            data = encode_tensors({k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()},
+                                  Codec.INT4)
+            payload = Payload(Codec.INT4, data)
+            meta = UpdateMeta(hashlib.sha256(f"{r}/{peer}".encode()).digest(), f"p{peer}", r, r, 64, 4)
+            donor.add(meta, PayloadDeltas.validated(payload, shapes), payload=payload)
+        donor.close_slot()
+    snap = LedgerSnapshot.from_bytes(donor.snapshot().to_bytes())
+    store = BlobStore(tmp_path / "blobs")
+    moved, blobs = payloads_to_blobs(snap, store)
+    assert len(blobs) == len(snap.entries) == len(store.names()) > 0
+    for e in moved.entries:
+        assert isinstance(e.payload.data, memoryview) and e.deltas.norms is not None  # mapped, not decoded again
+    loaded = Ledger.from_snapshot(moved, config, shapes)
+    assert (loaded.ledger_digest(), loaded.params_digest()) == (donor.ledger_digest(), donor.params_digest())
+    assert sorted(slot for slot, _ in blobs) == sorted(e.meta.target_slot for e in snap.entries)
