@@ -9,11 +9,12 @@ Per tensor, with weights ``w_i`` and pseudo-gradients ``Δ_i``, the aggregate is
   update), ``s = (Σ w_i ‖Δ_i‖ / Σ w_i) / ‖U‖`` — the weighted mean norm times the normalized weighted mean
   direction. ``U = 0`` gives ``g = 0``; an empty slot aggregates to zeros.
 
-Because ``c_i`` depends on the update alone, ``U`` can be kept as a running sum (:func:`add_term`) and a
-late update costs one pass, not a recomputation. Running sums depend on the arrival order in the last
-bits; the *canonical* value (:func:`accumulate_sorted`) visits entries in ascending ``update_id`` order and
-is bit-identical on every replica holding the same set (scalar sums use ``math.fsum``; norms use numpy's
-pairwise summation over fixed chunks, never BLAS; terms with ``c_i = 0`` are skipped in both).
+Because ``c_i`` depends on the update alone, a kept sum ``U`` takes a late update in one pass (the fold,
+``protocol.ledger.outer.fold_change``; :func:`norm_with_term` gives its norm first), not a
+recomputation; such a sum depends on the arrival order in the last bits. The *canonical* value
+(:func:`canonical_spans`, :func:`accumulate_sorted`) visits entries in ascending ``update_id`` order and is
+bit-identical on every replica holding the same set (scalar sums use ``math.fsum``; norms use numpy's
+pairwise summation over fixed chunks, never BLAS; terms with ``c_i = 0`` are skipped).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, span_of
 
-__all__ = ["SlotEntry", "accumulate_sorted", "add_term", "aggregate", "canonical_spans", "coefficient", "slot_scale",
-           "uses_radial"]
+__all__ = ["SlotEntry", "accumulate_sorted", "aggregate", "canonical_spans", "coefficient", "norm_with_term",
+           "slot_scale", "uses_radial"]
 
 _F64 = np.float64
 
@@ -82,19 +83,17 @@ def _buffer(size: int) -> np.ndarray:
     return np.empty(min(CHUNK, size), dtype=_F64)
 
 
-def add_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
-    """``u += c·x`` in place (float64, or a float32 kept sum: ``c·x`` in float64, each sum rounded once
-    into ``u``; ``x`` float32) and return the new ``‖u‖`` in float64 (canonical chunking). ``c = 0``
-    leaves ``u`` untouched."""
-    uf, buf = flat(u), _buffer(u.size)
-    parts = []
+def norm_with_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
+    """``‖u + c·x‖`` in float64 (canonical chunking), ``u`` float64 or a float32 kept sum, ``x`` float32;
+    nothing is written."""
+    uf, xf, buf = flat(u), flat(x), _buffer(u.size)
     cc = _F64(c)
+    parts = []
     for s in spans(uf.size):
-        uc, t = uf[s], buf[: s.stop - s.start]
-        if c != 0.0:
-            np.multiply(flat(x)[s], cc, out=t, dtype=_F64)
-            np.add(uc, t, out=uc, casting="same_kind")
-        parts.append(float(np.sum(np.square(uc, out=t, dtype=_F64))))
+        t = buf[: s.stop - s.start]
+        np.multiply(xf[s], cc, out=t, dtype=_F64)
+        t += uf[s]
+        parts.append(float(np.sum(np.square(t, out=t))))
     return math.sqrt(math.fsum(parts))
 
 

@@ -262,7 +262,8 @@ class Ledger:
             x = now[name]
             change = slot.change_by(entry, name, x, u)
             self._settle_payloads([*slot.entries, entry])
-            fold_change(self._theta[name], self._v[name], u, x, change, v_coef, theta_coef)
+            fold_change(self._theta[name], self._v[name], u, x, change, v_coef, theta_coef)  # and u += c·x
+            slot.took(name, u, change)
 
         parallel_map(fold, self._shapes)
         slot.add(entry)

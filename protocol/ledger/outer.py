@@ -107,10 +107,14 @@ def fold_change(
     theta_coef: float,
 ) -> None:
     """Fold the change of one tensor of a past slot's aggregate into ``θ_n, v_n`` (in place), where that
-    slot's accumulator ``u`` just received ``c·x``: ``δ = (s_new − s_old)·u + s_old·c·x``;
-    ``v += v_coef·δ``; ``θ −= theta_coef·δ``."""
+    slot's accumulator ``u`` receives ``c·x``: ``δ = s_new·(u + c·x) − s_old·u``, evaluated as
+    ``(s_new − s_old)·u + s_new·c·x`` from ``u`` *before* the add (well conditioned whether the new
+    update dominates the slot or not; from the sum after it, a light slot that receives a heavy update
+    loses digits to cancellation); ``v += v_coef·δ``; ``θ −= theta_coef·δ``. Then ``u += c·x`` in the
+    same pass (``u`` is the slot's float32 kept sum or a float64 rebuilt one)."""
     a, k = _F64(v_coef), _F64(theta_coef)
-    alpha, beta = _F64(change.s_new - change.s_old), _F64(change.s_old * change.c)
+    alpha, beta = _F64(change.s_new - change.s_old), _F64(change.s_new * change.c)
+    c = _F64(change.c)
     # Scale δ in place twice (δ·a, then ·k/a) unless a is so small that δ·a could lose bits to underflow.
     reuse = float(a) >= 1e-30 and math.isfinite(float(k) / float(a))
     ratio = float(k) / float(a) if reuse else 0.0
@@ -119,10 +123,12 @@ def fold_change(
     for s in spans(thf.size):
         d, t = buf[: s.stop - s.start], buf2[: s.stop - s.start]
         np.multiply(uf[s], alpha, out=d)
-        if beta != 0.0:
-            np.copyto(t, xf[s])
-            t *= beta
-            d += t
+        if c != 0.0:
+            np.multiply(xf[s], c, out=t, dtype=_F64)
+            np.add(uf[s], t, out=uf[s], casting="same_kind")  # the slot's sum takes the update
+            if beta != 0.0:
+                np.multiply(xf[s], beta, out=t, dtype=_F64)
+                d += t
         if reuse:
             d *= a
             np.add(vf[s], d, out=vf[s], casting="same_kind")

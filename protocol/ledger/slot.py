@@ -16,12 +16,13 @@ reads it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, add_term, coefficient, slot_scale
+from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, coefficient, norm_with_term, slot_scale
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -29,12 +30,24 @@ __all__ = ["LiveSlot", "TermChange"]
 
 @dataclass(frozen=True)
 class TermChange:
-    """How adding one entry changed a tensor's aggregate: ``g_new − g_old = (s_new − s_old)·u + s_old·c·Δ``
-    with ``u`` the accumulator after the add."""
+    """How adding one entry changes a tensor's aggregate: ``g_new − g_old = (s_new − s_old)·u + s_new·c·Δ``
+    with ``u`` the accumulator before the add, whose norm after the add is ``norm``."""
 
     c: float
     s_old: float
     s_new: float
+    norm: float = 0.0
+
+
+#: A kept float32 sum is used for a fold only while ``Σ|c_i|·‖Δ_i‖ ≤ KEPT_CONDITION · ‖u‖``: its rounding
+#: (~6e-8 of the terms) then stays within ~1e-6 of the sum. Updates that cancel (rare in training, where
+#: pseudo-gradients agree more than they oppose) make the fold rebuild the sum canonically in float64.
+KEPT_CONDITION = 16.0
+
+
+def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float) -> bool:
+    terms = math.fsum(abs(coefficient(e, name, config)) * e.norms[name] for e in entries)
+    return terms <= KEPT_CONDITION * norm
 
 
 class LiveSlot:
@@ -91,23 +104,28 @@ class LiveSlot:
 
     def fold_sum(self, name: str) -> np.ndarray:
         """The array a late update's fold of tensor ``name`` works in (:meth:`change_by`): the kept float32
-        sum itself, or a new float64 array the sum is rebuilt in."""
-        return self.kept[name][0] if name in self.kept else np.empty(self.shapes[name], dtype=np.float64)
+        sum itself if it is well conditioned, else a new float64 array the sum is rebuilt in."""
+        if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1]):
+            return self.kept[name][0]
+        return np.empty(self.shapes[name], dtype=np.float64)
 
     def change_by(self, entry: SlotEntry, name: str, x: np.ndarray, u: np.ndarray) -> TermChange:
-        """For a late ``entry`` whose tensor ``name`` is ``x``: make ``u`` (from :meth:`fold_sum`) this
-        slot's sum plus ``entry``'s term (``u + c·x``: the kept sum, updated in place, or the canonical sum
-        rebuilt into the float64 ``u``) and return how the tensor's aggregate changes. Call it for every
-        tensor, then :meth:`add` the entry."""
+        """For a late ``entry`` whose tensor ``name`` is ``x``: how the tensor's aggregate changes when
+        ``entry`` joins (``u``, from :meth:`fold_sum`, is the slot's sum before: the kept sum, or the
+        canonical sum rebuilt here into the float64 ``u``). ``u`` is not changed here: the fold adds the
+        term (``protocol.ledger.outer.fold_change``), then :meth:`took` records the new sum."""
         if name in self.kept and self.kept[name][0] is u:
             norm_old = self.kept[name][1]
         else:
             norm_old = accumulate_sorted(self.entries, self.config, {name: u})[name]
-        s_old = slot_scale(self.entries, name, self.config, norm_old)
         c = coefficient(entry, name, self.config)
-        norm = add_term(u, x, c)
-        self._store(name, u, norm)
-        return TermChange(c=c, s_old=s_old, s_new=slot_scale([*self.entries, entry], name, self.config, norm))
+        norm = norm_with_term(u, x, c)
+        return TermChange(c=c, s_old=slot_scale(self.entries, name, self.config, norm_old),
+                          s_new=slot_scale([*self.entries, entry], name, self.config, norm), norm=norm)
+
+    def took(self, name: str, u: np.ndarray, change: TermChange) -> None:
+        """``u`` now holds the slot's sum with the late entry's term (:meth:`change_by`): keep it."""
+        self._store(name, u, change.norm)
 
     def add(self, entry: SlotEntry) -> None:
         self.entries.append(entry)
