@@ -19,8 +19,10 @@ Contract:
   set of checkpoints or the old set plus the new one, never a half-written `ckpt-*` file; stale temp
   files are deleted when a `CheckpointDir` is opened.
 - Writing streams: the file is written and hashed `_CHUNK` bytes at a time straight from the ledger's
-  pieces (`LedgerSnapshot.to_pieces()`) and the arrays, never joined into one buffer. Reading puts each
-  part once into the buffer it is returned in (the ledger bytes, each array) and hashes it there.
+  pieces (`LedgerSnapshot.to_pieces()`) and the arrays, never joined into one buffer. Reading hashes the
+  ledger part as it streams by and returns it as a view of the memory-mapped file (a restore then holds
+  only the snapshot's decoded copy, not the file's bytes too); each array is read into the buffer it is
+  returned in and hashed there.
 - `save` never raises for I/O errors (full disk, permissions): it logs one error line, removes its temp
   file and returns None, so training continues.
 - `latest` returns the newest checkpoint that loads and verifies; every file it skips (truncated,
@@ -34,6 +36,7 @@ import hashlib
 import io
 import logging
 import math
+import mmap
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -131,7 +134,9 @@ def write_checkpoint(f: BinaryIO, ckpt: Checkpoint) -> None:
 
 def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
     """Parse and verify a checkpoint file of `size` bytes from `f` (version 2 or 1); `CheckpointError`
-    says what is wrong. Each part is read into the buffer it is returned in."""
+    says what is wrong. Each array is read into the buffer it is returned in; the ledger part of a real
+    file is hashed as it streams by and returned as a read-only view of the file, memory-mapped (the page
+    cache's, not the process's: a restore decodes it without first holding a copy), else read."""
     head = f.read(len(MAGIC) + 8)
     if size < len(MAGIC) + 8 + 32 or len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] not in (MAGIC, MAGIC_V1):
         raise CheckpointError("not a checkpoint (bad magic or too short)")
@@ -150,7 +155,7 @@ def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
     if len(head) + 8 + header_length + sizes != end:
         raise CheckpointError(f"corrupt: the header's sizes add up to {len(head) + 8 + header_length + sizes} "
                               f"bytes, the file to {end}")
-    ledger = _read(f, ledger_length, digest)
+    ledger = _mapped_part(f, ledger_length, digest) if _is_file(f) else _read(f, ledger_length, digest)
     loaded = {}
     for section, arrays in sections.items():
         loaded[section] = {}
@@ -182,6 +187,33 @@ def _read(f: BinaryIO, n: int, digest: Any = None) -> bytes:
     if digest is not None:
         digest.update(data)
     return data
+
+
+def _is_file(f: BinaryIO) -> bool:
+    try:
+        f.fileno()
+    except (OSError, io.UnsupportedOperation, AttributeError):
+        return False
+    return True
+
+
+def _mapped_part(f: BinaryIO, n: int, digest: Any) -> memoryview:
+    """The next `n` bytes of the file `f`, hashed as they stream by (`_CHUNK` at a time) and returned as
+    a read-only view of a memory map of the file (valid after `f` is closed or the file deleted)."""
+    start = f.tell()
+    buf = bytearray(min(_CHUNK, n))
+    left = n
+    while left:
+        view = memoryview(buf)[: min(left, len(buf))]
+        got = f.readinto(view)
+        if not got:
+            raise CheckpointError(f"truncated: {n} bytes expected, {n - left} read")
+        digest.update(view[:got])
+        left -= got
+    if n == 0:
+        return memoryview(b"")
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return memoryview(mapped)[start : start + n]
 
 
 def _read_into(f: BinaryIO, view: memoryview, digest: Any) -> None:

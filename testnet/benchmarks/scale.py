@@ -31,8 +31,9 @@ Printed and written (``--json``):
 * ``encode_s``: compressing this node's own update with error feedback.
 * ``snapshot_bytes_per_param``, ``snapshot_build_bytes_per_param`` (the peak RSS while writing one, above
   the steady state before), ``snapshot_write_s`` (snapshot, encode piece by piece into a file, fsync),
-  ``snapshot_load_s`` (read the file, decode, rebuild a ledger, check its digest; the first ledger is
-  dropped before, as a joiner has none).
+  ``snapshot_load_s`` (as a node restores from a checkpoint: the file memory-mapped and decoded, the
+  window's payloads moved to blob files, a ledger rebuilt, its digest checked; the first ledger is dropped
+  before, as a restarting node has none).
 
 A size that does not fit in this machine's memory fails with MemoryError or is killed; the JSON then has
 nothing for it (the caller records why).
@@ -44,6 +45,7 @@ import argparse
 import hashlib
 import json
 import math
+import mmap
 import os
 import resource
 import shutil
@@ -56,7 +58,8 @@ from pathlib import Path
 
 import numpy as np
 
-from node.outer.outer_files import MappedBottom, drop_pages, map_blob, return_freed_memory
+from node.outer.outer_files import MappedBottom, drop_pages, map_blob, payloads_to_blobs, return_freed_memory
+from p2p.blobstore import BlobStore
 from protocol.compression import Codec, ErrorFeedback, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
@@ -209,7 +212,13 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         del ledger  # a joiner loads a snapshot with no ledger of its own yet (and RAM is the limit here)
 
         def load() -> Ledger:
-            loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(path.read_bytes()), config, shapes, bottom=store)
+            """As a node restores from a checkpoint: the file mapped (`node.checkpoint`), decoded, the
+            window's payloads moved to blob files (`payloads_to_blobs`), the ledger built."""
+            with open(path, "rb") as f:
+                mapped = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            snap, _ = payloads_to_blobs(LedgerSnapshot.from_bytes(mapped), BlobStore(Path(tmp) / "blobs"))
+            del mapped
+            loaded = Ledger.from_snapshot(snap, config, shapes, bottom=store)
             assert loaded.params_digest() == digest, "the snapshot loads to another state"
             return loaded
 
