@@ -16,9 +16,10 @@ fills (the grace window costs no compute), which is why the slot can wait for th
 much longer than one inner step. (Starting from θ alone would make the first steps of each round
 re-learn the node's own last update, which the slot's aggregate then adds a second time.)
 
-`BaseShift` is the hand-over between the node's rounds (`post`, on every change of θ, called from one
-worker thread at a time, never concurrently) and the worker thread running the inner loop (`take`,
-polled before each step by `InnerLoop.run`). Both sides keep their own view: the posting side the
+`BaseShift` is the hand-over between the node's rounds (`post`, on every change of θ, from the trio
+thread: it only hands the new base's arrays over, under a lock) and the worker thread running the inner
+loop (`take`, polled before each step by `InnerLoop.run`: it computes the move, a pass over every
+parameter). Both sides keep their own view: the posting side the
 newest base it posted, the inner loop the base it has actually applied. Posted bases are never modified
 (the poster hands them over), so a take makes the applied base *the same arrays* as the posted one: the
 shift holds one model-sized float32 base (4 bytes per parameter), two only while a move waits, and the
