@@ -39,6 +39,7 @@ import trio
 
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
                              SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
+from protocol.ledger.digest import Row
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState", "agreement_hex"]
 
@@ -101,6 +102,7 @@ class ServedState:
     ledger_digest: bytes
     params_digest: bytes
     bottom_digest: bytes
+    bottom_rows: list[Row]  # the bottom's piece hashes (`Ledger.bottom_rows`)
     bottom: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None
 
 
@@ -307,7 +309,7 @@ class Replica:
 
         def work() -> ServedState:
             led = self._ledger
-            bottom_digest = led.bottom_digest()
+            bottom_digest, rows = led.bottom_digest(), led.bottom_rows()
             full = None if frozen(bottom_digest) else led.snapshot()
             view = led.view()
             snap = LedgerSnapshot(
@@ -316,7 +318,7 @@ class Replica:
                 entries=tuple(SnapshotEntry(e.meta, e.slot, e.deltas, e.payload) for e in led.entries()),
                 chain=view.chain, seen=tuple(sorted(view.seen)), counters=led.counters,
                 applied_tokens=view.final.tokens, applied_sum=view.final.placement)
-            return ServedState(snap, led.ledger_digest(), led.params_digest(), bottom_digest,
+            return ServedState(snap, led.ledger_digest(), led.params_digest(), bottom_digest, rows,
                                None if full is None else (full.base_params, full.base_momentum))
 
         return await self._run(work)

@@ -5,8 +5,8 @@
 piece index): served by `GET /blobs/<sha256>` like any blob. The window bottom is served piece by piece,
 `GET /state/bottom/<bottom digest hex>/<piece index>`, from a file the bottom is *frozen* into when a
 manifest is built (the live bottom moves when a slot leaves the window): one file per bottom digest, so
-every manifest of the same bottom shares it, and the bottom is written (and hashed for its index) once
-per slot that leaves the window, not once per manifest. The window's payloads are blobs: an entry's
+every manifest of the same bottom shares it, and the bottom is written once per slot that leaves the
+window, not once per manifest; its piece index is the ledger's (hashed once, for the bottom digest). The window's payloads are blobs: an entry's
 payload bytes are put into the blob store (content-addressed: the blob gossip delivered, when the node
 holds it, costs one hash per update), an entry kept without a payload as an `fp32` payload (exact).
 
@@ -169,7 +169,7 @@ class StateServer:
                 return self._cached[1]
             served = await replica.served_state(self.bottoms.has)
             if served.bottom is not None:
-                await self._freeze(served.bottom, served.bottom_digest)
+                await self._freeze(served.bottom, BottomIndex.of_rows(served.bottom_rows), served.bottom_digest)
             self.bottoms.touch(served.bottom_digest)
             index = self.bottoms.index(served.bottom_digest)
             if state_digest(index.digest(), served.ledger_digest) != served.params_digest:
@@ -189,11 +189,12 @@ class StateServer:
                      len(index.pieces()), len(blobs))
             return self._cached[1]
 
-    async def _freeze(self, bottom: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], digest: bytes) -> None:
-        """Hash and write the bottom of a new state (once per bottom digest)."""
+    async def _freeze(self, bottom: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], index: BottomIndex,
+                      digest: bytes) -> None:
+        """Write the bottom of a new state (once per bottom digest). Its piece index is the ledger's own
+        (`Ledger.bottom_rows`, hashed once when the bottom moved), not hashed again here."""
         params, momentum = bottom
         arrays = {**{"theta/" + n: a for n, a in params.items()}, **{"momentum/" + n: a for n, a in momentum.items()}}
-        index = await trio.to_thread.run_sync(BottomIndex.of_arrays, arrays)
         if index.digest() != digest:
             raise LocalProtocolError("the bottom's piece index does not give the ledger's bottom digest")
         await trio.to_thread.run_sync(self.bottoms.freeze, index, arrays)

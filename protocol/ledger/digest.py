@@ -29,8 +29,8 @@ import numpy as np
 
 from protocol.parallel import parallel_map
 
-__all__ = ["BOTTOM_DOMAIN", "GENESIS", "PIECE", "array_digest", "chain_next", "ledger_digest", "piece_hashes",
-           "slot_digest", "state_digest", "tree_digest", "tree_digest_of_hashes"]
+__all__ = ["BOTTOM_DOMAIN", "GENESIS", "PIECE", "Row", "array_digest", "chain_next", "ledger_digest", "piece_hashes",
+           "slot_digest", "state_digest", "tree_digest", "tree_digest_of_hashes", "tree_rows"]
 
 #: Bytes per hashed piece of an array in a tree digest (part of the digest's definition).
 PIECE = 1 << 22
@@ -101,22 +101,28 @@ def tree_digest_of_hashes(rows: Iterable[tuple[str, str, tuple[int, ...], Iterab
     return h.digest()
 
 
+Row = tuple[str, str, tuple[int, ...], tuple[bytes, ...]]  # (name, dtype string, shape, piece hashes)
+
+
+def tree_rows(arrays: Mapping[str, np.ndarray], after: Callable[[np.ndarray], None] | None = None) -> list[Row]:
+    """The rows a tree digest is computed from, in ascending name order: each array's pieces hashed in
+    parallel threads; ``after(array)`` is called once each array is hashed (e.g. to let the pages of a
+    memory-mapped one go)."""
+    rows = []
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        rows.append((name, a.dtype.newbyteorder("<").str, tuple(a.shape), tuple(piece_hashes(a))))
+        if after is not None:
+            after(arrays[name])
+    return rows
+
+
 def tree_digest(
     arrays: Mapping[str, np.ndarray], domain: bytes, after: Callable[[np.ndarray], None] | None = None
 ) -> bytes:
-    """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring). An
-    array's pieces are hashed in parallel threads; ``after(array)`` is called once each array is hashed
-    (e.g. to let the pages of a memory-mapped one go)."""
-
-    def rows() -> Iterable[tuple[str, str, tuple[int, ...], list[bytes]]]:
-        for name in sorted(arrays):
-            a = np.asarray(arrays[name])
-            hashes = piece_hashes(a)
-            if after is not None:
-                after(arrays[name])
-            yield name, a.dtype.newbyteorder("<").str, a.shape, hashes
-
-    return tree_digest_of_hashes(rows(), domain)
+    """Digest of named arrays over the SHA-256 of their ``PIECE``-byte pieces (module docstring;
+    :func:`tree_rows`, then :func:`tree_digest_of_hashes`)."""
+    return tree_digest_of_hashes(tree_rows(arrays, after), domain)
 
 
 def state_digest(bottom_digest: bytes, ledger: bytes) -> bytes:

@@ -143,7 +143,7 @@ class Ledger:
         self._base = base
         self._base_theta = self._store_copy(base_theta)
         self._base_v = self._store_copy(base_v)
-        self._bottom_digest: bytes | None = None
+        self._bottom_rows: list[dg.Row] | None = None
         self._chain = chain
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
@@ -333,12 +333,17 @@ class Ledger:
     def bottom_digest(self) -> bytes:
         """Tree digest of the window bottom's θ and v (float32) (:mod:`protocol.ledger.digest`); computed on
         the first call after the bottom moved, then cached."""
-        if self._bottom_digest is None:
+        return dg.tree_digest_of_hashes(self.bottom_rows(), dg.BOTTOM_DOMAIN)
+
+    def bottom_rows(self) -> list[dg.Row]:
+        """The bottom digest's rows (each array's piece hashes: what a state server's piece index holds),
+        hashed on the first call after the bottom moved, then cached."""
+        if self._bottom_rows is None:
             arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
                       **{"momentum/" + n: a for n, a in self._base_v.items()}}
             settle = self.bottom_store.settle
-            self._bottom_digest = dg.tree_digest(arrays, dg.BOTTOM_DOMAIN, after=lambda a: settle((a,)))
-        return self._bottom_digest
+            self._bottom_rows = dg.tree_rows(arrays, after=lambda a: settle((a,)))
+        return self._bottom_rows
 
     def params_digest(self) -> bytes:
         """Digest of the canonical state ``θ_n, v_n`` (what a node announces for its parameters): of the
@@ -483,7 +488,7 @@ class Ledger:
         """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it."""
         s = self._base + 1
         self._canonical_step(self._base_theta, self._base_v, s, settle=True)
-        self._bottom_digest = None
+        self._bottom_rows = None
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)

@@ -26,7 +26,7 @@ Pure: no I/O (the node's ``node.sync.statefetch`` / ``node.sync.stateserve`` mov
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import msgpack
@@ -34,7 +34,7 @@ import numpy as np
 
 from protocol.compression import Codec, payload_size
 from protocol.ledger.config import ID_BYTES, UpdateMeta
-from protocol.ledger.digest import BOTTOM_DOMAIN, PIECE, piece_hashes, state_digest, tree_digest_of_hashes
+from protocol.ledger.digest import BOTTOM_DOMAIN, PIECE, Row, state_digest, tree_digest_of_hashes, tree_rows
 from protocol.ledger.fork import SUM_BYTES, LedgerView
 from protocol.ledger.fields import array, bad_state, binary, seen_ids, shapes_field, string_map, uint
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
@@ -92,11 +92,12 @@ class BottomIndex:
     @classmethod
     def of_arrays(cls, arrays: Mapping[str, np.ndarray]) -> BottomIndex:
         """Hash ``arrays`` piece by piece (in parallel threads; the dtype is each array's own)."""
-        out = []
-        for name in sorted(arrays):
-            a = np.asarray(arrays[name])
-            out.append(IndexedArray(name, a.dtype.newbyteorder("<").str, tuple(a.shape), tuple(piece_hashes(a))))
-        return cls(tuple(out))
+        return cls.of_rows(tree_rows(arrays))
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[Row]) -> BottomIndex:
+        """From a tree digest's rows (e.g. ``Ledger.bottom_rows``: hashed once, when the bottom moved)."""
+        return cls(tuple(IndexedArray(name, dtype, tuple(shape), tuple(hashes)) for name, dtype, shape, hashes in rows))
 
     @property
     def nbytes(self) -> int:
