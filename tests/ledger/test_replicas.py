@@ -115,7 +115,7 @@ def test_replicas_agree_whatever_the_order(case, order_seed):
         assert led.params_digest() == ref.params_digest()  # the canonical state, bit for bit
         # The working state: late folds round in arrival order, in the float32 state and the newest slot's
         # float32 sum (~1e-7 of the slot's aggregate per fold; momentum, a sum of aggregates of both signs,
-        # can be much smaller than one of them): at most 1.0e-5 in 1,500 drawn cases; 1e-4 leaves a margin.
+        # can be much smaller than one of them), hence a bound well above float32's epsilon.
         assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-4
         assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= 1e-4
         assert led.ledger_digest() == ref.ledger_digest()
