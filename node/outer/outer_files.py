@@ -96,8 +96,8 @@ def payloads_to_blobs(snap: LedgerSnapshot, store: BlobPut) -> tuple[LedgerSnaps
             continue
         h = store.put(e.payload.data)
         mapped = Payload(e.payload.codec, map_blob(store.path(h)))
-        deltas = PayloadDeltas(mapped, snap.shapes)
-        deltas.norms = getattr(e.deltas, "norms", None)
+        norms = getattr(e.deltas, "norms", None)
+        deltas = PayloadDeltas(mapped, snap.shapes) if norms is None else PayloadDeltas.measured(mapped, snap.shapes, norms)
         entries.append(SnapshotEntry(e.meta, e.slot, deltas, mapped))
         blobs.append((e.meta.target_slot, h))
     return dataclasses.replace(snap, entries=tuple(entries)), blobs

@@ -199,7 +199,7 @@ class Rounds:
         return max(0.0, target - (self.overhead_s or 0.0))
 
     def _train(self, shift: BaseShift, should_stop: ShouldStop,
-               phases: dict[str, float]) -> tuple[RoundResult, bytes | None]:
+               phases: dict[str, float]) -> tuple[RoundResult, tuple[bytes, dict[str, float]] | None]:
         """Worker thread: start from the round's base, run the round (following the moves of the global
         parameters that `shift` hands over), and, unless it was interrupted, compress its Δ against the
         moved base (with error feedback). One thread hop for the three; their times go to `phases`."""
@@ -211,9 +211,9 @@ class Rounds:
         if self._interrupted(result):
             return result, None
         started = time.perf_counter()
-        payload = compress(self.feedback, make_delta(shift.applied, result.params))
+        compressed = compress(self.feedback, make_delta(shift.applied, result.params))
         phases["compress"] = time.perf_counter() - started
-        return result, payload
+        return result, compressed
 
     async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
@@ -237,7 +237,7 @@ class Rounds:
                 shift.post(base, slot)
 
     async def _train_through_close(self, shift: BaseShift, should_stop: ShouldStop, phases: dict[str, float],
-                                   ) -> tuple[RoundResult, bytes | None]:
+                                   ) -> tuple[RoundResult, tuple[bytes, dict[str, float]] | None]:
         """Run the round in a worker thread while, on the trio side, the slot of the previous round's update
         is closed (`close_wait`) and the round follows the global parameters (`_follow`). If the slot is
         still open when the round ends, it is closed then (before this round's update is published)."""
@@ -266,14 +266,15 @@ class Rounds:
         round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),
                                  min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
-        result, payload = await self._train_through_close(shift, should_stop, phases)
+        result, compressed = await self._train_through_close(shift, should_stop, phases)
         base_slot = shift.applied_slot
         clock.lap("train_hop")
         phases["inner_steps"] = result.seconds
         phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
-        if payload is None:
+        if compressed is None:
             log.info("round %d interrupted after %d steps: not published", self.stats.round + 1, result.steps)
             return False
+        payload, norms = compressed
         publish_slot = self.replica.slot
         signed = await self.host.publish_update(
             payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens, inner_steps=result.steps,
@@ -281,7 +282,7 @@ class Rounds:
         clock.lap("publish")
         meta = update_meta(signed)
         stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
-        stored_deltas = await trio.to_thread.run_sync(PayloadDeltas.validated, stored, self.shapes)
+        stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
         outcome, _ = await self.replica.add(meta, stored_deltas, stored)  # kept on disk (mapped), not in memory
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))

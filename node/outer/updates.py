@@ -21,6 +21,7 @@ from protocol.compression import ErrorFeedback, payload_size
 from protocol.compression.formats import as_codec_remote
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Payload, PayloadDeltas, UpdateMeta
+from protocol.ledger.chunks import tensor_norm
 from protocol.messages import Signed, UpdateHeader
 
 __all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
@@ -83,7 +84,13 @@ def make_delta(base: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray]) 
     return {name: np.asarray(base[name] - local[name], dtype=np.float32) for name in base}
 
 
-def compress(feedback: ErrorFeedback, delta: dict[str, np.ndarray]) -> bytes:
-    """The payload of Δ with error feedback; `delta` (from `make_delta`) becomes the next residual in place
-    (`ErrorFeedback.compress_payload`: no dequantized copy; receivers decode the payload)."""
-    return feedback.compress_payload(delta)
+def compress(feedback: ErrorFeedback, delta: dict[str, np.ndarray]) -> tuple[bytes, dict[str, float]]:
+    """The payload of Δ with error feedback, and the norm of each tensor of its decode (what the ledger
+    needs to add it: measured as the residual is made, not by decoding the payload again); `delta` (from
+    `make_delta`) becomes the next residual in place (`ErrorFeedback.compress_payload`)."""
+    norms: dict[str, float] = {}
+
+    def measure(name: str, tensor: np.ndarray) -> None:
+        norms[name] = tensor_norm(tensor)
+
+    return feedback.compress_payload(delta, measure), norms

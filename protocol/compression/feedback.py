@@ -8,7 +8,7 @@ not accumulate: it stays bounded by one round's quantization error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -59,13 +59,16 @@ class ErrorFeedback:
         self._residual = corrected
         return payload, dequantized
 
-    def compress_payload(self, delta: dict[str, np.ndarray]) -> bytes:
+    def compress_payload(self, delta: dict[str, np.ndarray],
+                         decoded: Callable[[str, np.ndarray], None] | None = None) -> bytes:
         """`compress` for a caller that gives up `delta` and needs no dequantized copy: `delta`'s arrays
         (writable, C-contiguous float32) become the next residual in place (`delta + residual`, encoded,
         minus its decode, tensor by tensor), so compressing holds no model-sized buffer beyond `delta`
         and the payload. Same payload and residual bits as `compress`. Raises LocalProtocolError (names,
         shapes, dtypes, or a corrected update that cannot be encoded) with the residual untouched;
-        `delta` then holds `delta + residual`."""
+        `delta` then holds `delta + residual`. `decoded(name, tensor)`, if given, sees each tensor's decode
+        (what every receiver gets) once, e.g. to measure it without decoding the payload again; it is
+        called from several threads."""
         for name, x in delta.items():
             if not isinstance(name, str) or not isinstance(x, np.ndarray) or x.dtype != np.float32 \
                     or not x.flags.writeable or not x.flags.c_contiguous:
@@ -79,7 +82,10 @@ class ErrorFeedback:
 
         def settle(name: str) -> None:
             flat = delta[name].reshape(-1)
-            flat -= decode_span(payload, self.codec, offsets[name], flat.size, name, 0, flat.size)
+            tensor = decode_span(payload, self.codec, offsets[name], flat.size, name, 0, flat.size)
+            if decoded is not None:
+                decoded(name, tensor.reshape(delta[name].shape))
+            flat -= tensor
 
         parallel_map(settle, delta)
         self._residual = dict(delta)

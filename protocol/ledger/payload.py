@@ -62,6 +62,15 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
         deltas.norms = dict(zip(names, parallel_map(lambda name: tensor_norm(deltas[name]), names), strict=True))
         return deltas
 
+    @classmethod
+    def measured(cls, payload: Payload, shapes: Mapping[str, tuple[int, ...]], norms: Mapping[str, float]) -> PayloadDeltas:
+        """A payload whose tensors were decoded and measured already (``tensor_norm`` of each decoded
+        tensor, e.g. by its sender while compressing, or a snapshot's check): what :meth:`validated` gives,
+        without decoding again."""
+        deltas = cls(payload, shapes)
+        deltas.norms = {name: norms[name] for name in deltas.shapes}
+        return deltas
+
     def span(self, name: str, span: slice) -> np.ndarray:
         """Elements ``span`` (a slice starting at a multiple of the codec block) of the flat tensor."""
         numel = math.prod(self.shapes[name])

@@ -151,3 +151,13 @@ def test_compress_payload_refuses_arrays_it_cannot_take_over() -> None:
         with pytest.raises(LocalProtocolError):
             feedback.compress_payload({"w": bad})
     assert feedback.residual == {}
+
+
+def test_compress_payload_shows_each_tensor_exactly_as_receivers_decode_it() -> None:
+    seen: dict[str, np.ndarray] = {}
+    delta = {k: np.array(v, dtype=np.float32) for k, v in round_delta(np.random.default_rng(4), 0).items()}
+    payload = ErrorFeedback(Codec.INT4).compress_payload(delta, lambda name, t: seen.__setitem__(name, t.copy()))
+    decoded = decode_tensors(payload, Codec.INT4, SHAPES)
+    assert sorted(seen) == sorted(SHAPES)
+    for name in SHAPES:
+        assert seen[name].shape == decoded[name].shape and seen[name].tobytes() == decoded[name].tobytes()

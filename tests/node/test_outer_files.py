@@ -133,3 +133,17 @@ def test_a_checkpoints_payloads_move_to_mapped_blob_files(tmp_path) -> None:
     loaded = Ledger.from_snapshot(moved, config, shapes)
     assert (loaded.ledger_digest(), loaded.params_digest()) == (donor.ledger_digest(), donor.params_digest())
     assert sorted(slot for slot, _ in blobs) == sorted(e.meta.target_slot for e in snap.entries)
+
+
+def test_the_own_updates_norms_measured_while_compressing_are_a_receivers() -> None:
+    """`node.outer.updates.compress` measures the decode as the residual is made: the same norms a
+    receiver's check (`PayloadDeltas.validated`) computes, so the ledger need not decode it again."""
+    from node.outer.updates import compress
+    from protocol.compression import Codec, ErrorFeedback
+    from protocol.ledger import Payload, PayloadDeltas
+
+    rng = np.random.default_rng(6)
+    delta = {k: (rng.standard_normal(s) * 1e-3).astype(np.float32) for k, s in SHAPES.items()}
+    payload, norms = compress(ErrorFeedback(Codec.INT4), delta)
+    checked = PayloadDeltas.validated(Payload(Codec.INT4, payload), SHAPES)
+    assert norms == checked.norms
