@@ -69,16 +69,26 @@ class Donor:
     http_addr: str
 
 
+#: Part files of the downloads running in this process: a join and repairs with several peers may fetch
+#: at once, even the same bottom; none may take or delete another's file.
+_IN_USE: set[Path] = set()
+
+
 class BottomDownload:
-    """The bottom `index` describes, downloaded into `<directory>/<bottom digest hex>.part`. Blocking
-    methods run in worker threads; `done` is read and written on the trio thread."""
+    """The bottom `index` describes, downloaded into `<directory>/<bottom digest hex>.part` (`….<n>.part`
+    while another download of this process uses that one). Blocking methods run in worker threads; `done`
+    is read and written on the trio thread; `release` when done with it, whatever happened."""
 
     def __init__(self, index: BottomIndex, directory: Path) -> None:
         self.index = index
         self.pieces = index.pieces()
         self.name = index.digest().hex()
         self.directory = directory
-        self.path = directory / f"{self.name}.part"
+        self.path, n = directory / f"{self.name}.part", 0
+        while self.path in _IN_USE:
+            n += 1
+            self.path = directory / f"{self.name}.{n}.part"
+        _IN_USE.add(self.path)
         self.done: set[int] = set()
         self.resumed = 0  # pieces found verified in a part file left by an earlier attempt
 
@@ -118,9 +128,14 @@ class BottomDownload:
         return self.index.views(np.memmap(self.path, dtype=np.uint8, mode="r"))
 
     def remove(self) -> None:
-        """Delete the finished file, and the part files of other bottoms (attempts the state moved past)."""
+        """Delete the finished file, and the part files of other bottoms no download uses (attempts the
+        state moved past)."""
         for stale in self.directory.glob("*.part"):
-            stale.unlink(missing_ok=True)
+            if stale == self.path or stale not in _IN_USE:
+                stale.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        _IN_USE.discard(self.path)
 
 
 def _matches(data: bytes, piece: Piece) -> bool:
@@ -359,22 +374,25 @@ async def download_state(host: Host, manifests: Sequence[StateManifest], config:
             failures.append(f"{manifest.origin}: {exc}")
             continue
         download = BottomDownload(meta.bottom, directory)
-        await trio.to_thread.run_sync(download.open)
-        if download.resumed:
-            log.info("bottom %s: %d of %d pieces kept from an earlier attempt", download.name[:12],
-                     download.resumed, len(download.pieces))
-        await fetch_bottom(download, donors, host, per_donor=per_donor, on_piece=on_piece)
-        others = [p for p in host.connected_peers() if p not in {d.peer for d in donors}]
-        paths, fetched = await fetch_payloads(host, meta.entries, [*(d.peer for d in donors), *others])
         try:
-            ledger = await trio.to_thread.run_sync(load, meta, download, paths, manifest, config, shapes, bottom)
-        except RemoteProtocolError as exc:
-            forget(host, fetched)
-            host.counters.rejected(manifest.origin, exc.reason)
-            log.warning("refused the state of %s: %s", manifest.origin, exc)
-            failures.append(f"{manifest.origin}: {exc}")
-            continue
-        await trio.to_thread.run_sync(download.remove)
+            await trio.to_thread.run_sync(download.open)
+            if download.resumed:
+                log.info("bottom %s: %d of %d pieces kept from an earlier attempt", download.name[:12],
+                         download.resumed, len(download.pieces))
+            await fetch_bottom(download, donors, host, per_donor=per_donor, on_piece=on_piece)
+            others = [p for p in host.connected_peers() if p not in {d.peer for d in donors}]
+            paths, fetched = await fetch_payloads(host, meta.entries, [*(d.peer for d in donors), *others])
+            try:
+                ledger = await trio.to_thread.run_sync(load, meta, download, paths, manifest, config, shapes, bottom)
+            except RemoteProtocolError as exc:
+                forget(host, fetched)
+                host.counters.rejected(manifest.origin, exc.reason)
+                log.warning("refused the state of %s: %s", manifest.origin, exc)
+                failures.append(f"{manifest.origin}: {exc}")
+                continue
+            await trio.to_thread.run_sync(download.remove)
+        finally:
+            download.release()
         log.info("loaded the state of slot %d: bottom of %d pieces (%d kept from an earlier attempt), %d payloads "
                  "(%d fetched)", meta.slot, len(download.pieces), download.resumed, len(meta.entries), len(fetched))
         return Loaded(ledger, meta, manifest, frozenset(fetched))

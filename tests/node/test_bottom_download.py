@@ -47,9 +47,25 @@ def test_a_retry_keeps_the_pieces_that_still_verify(tmp_path: Path) -> None:
     with open(first.path, "r+b") as f:  # piece 3 damaged on disk since
         f.seek(first.pieces[3].offset)
         f.write(b"\xff\xff")
+    first.release()  # the first attempt ended (its donors gone)
     again = BottomDownload(index, tmp_path)
     again.open()
     assert again.path == first.path and again.resumed == 3 and again.missing == [1, 3, 4]
     other = BottomDownload(BottomIndex.of_arrays({**ARRAYS, "theta/b": np.ones(2, np.float32)}), tmp_path)
     other.open()
     assert other.path != first.path and other.resumed == 0, "another bottom starts from nothing"
+
+
+def test_concurrent_downloads_of_one_bottom_never_share_or_delete_each_others_part_file(tmp_path: Path) -> None:
+    """A join and a repair (or two repairs) may fetch the same bottom at once: each gets its own part
+    file, and the one that finishes first removes only its own (and unused leftovers)."""
+    index = BottomIndex.of_arrays(ARRAYS)
+    a, b = BottomDownload(index, tmp_path), BottomDownload(index, tmp_path)
+    a.open()
+    b.open()
+    assert a.path != b.path and a.path.exists() and b.path.exists()
+    (tmp_path / "leftover.part").write_bytes(b"old")
+    a.remove()
+    a.release()
+    assert not a.path.exists() and b.path.exists() and not (tmp_path / "leftover.part").exists()
+    b.release()
