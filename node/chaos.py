@@ -7,6 +7,12 @@
   each round, an update that honest peers must refuse: alternately a payload of NaNs (`non_finite`,
   found after the download) and a header for a model of other shapes (`shape_mismatch`, refused
   before any download).
+- `Poison(KIND)` (`--misbehave poison:KIND`): the node publishes, every round, a hostile update *instead
+  of* its own: `negate` (−10⁴ × its Δ), `scale` (+10⁴ × its Δ), `random` (a random direction with 10⁴ ×
+  its Δ's norm per tensor), each claiming the most work the run allows (a full round of full batches);
+  `tokens`: −10⁴ × its Δ claiming 2⁴⁰ tokens (refused as `bad_claim`). Its own next round starts from its
+  honest Δ (so it keeps producing honest-looking pseudo-gradients to corrupt). The honest nodes' defence
+  is `protocol.ledger.bound`; `python -m testnet.bench hostile` measures it.
 - `ChaosRoute`: `POST /chaos` `{"block_peers": [ids], "seconds": T}` drops the connections to those
   peers and refuses them for T seconds (an emulated partition); only mounted with `--allow-chaos`.
 """
@@ -24,10 +30,11 @@ import numpy as np
 import trio
 
 from p2p import Host, Request, Response
+from protocol.compression.tensors import decode_tensors, encode_tensors
 from protocol.messages import split_addr
 from node.outer.updates import Shapes, shapes_field
 
-__all__ = ["ChaosRoute", "Misbehave", "Slowdown"]
+__all__ = ["ChaosRoute", "Misbehave", "Poison", "Slowdown"]
 
 log = logging.getLogger("node.chaos")
 
@@ -109,6 +116,38 @@ class Misbehave:
         log.info("chaos: published an update of wrong shapes %s", signed.message_id.hex()[:16])
 
 
+class Poison:
+    """`--misbehave poison:KIND` (see the module docstring): `apply` turns the round's encoded update into the
+    hostile one the node publishes instead."""
+
+    KINDS = ("negate", "scale", "random", "tokens")
+    FACTOR = 1e4
+    TOKENS = 2**40
+
+    def __init__(self, kind: str, shapes: Shapes, tokens_per_step: int, max_steps: int, seed: int = 0) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"poison kind must be one of {self.KINDS}, got {kind!r}")
+        self.kind, self.shapes = kind, dict(shapes)
+        self.tokens_per_step, self.max_steps = tokens_per_step, max_steps
+        self._rng = np.random.default_rng(seed)
+
+    def apply(self, payload: bytes, codec: str) -> tuple[bytes, str, int, int]:
+        """(payload, codec, tokens, inner_steps) to publish for the honest encoded `payload`."""
+        honest = decode_tensors(payload, codec, self.shapes)
+        hostile = {}
+        for name, x in honest.items():
+            if self.kind == "random":
+                r = self._rng.standard_normal(x.shape).astype(np.float32)
+                scale = self.FACTOR * float(np.linalg.norm(x)) / max(float(np.linalg.norm(r)), 1e-30)
+                hostile[name] = (r * np.float32(scale)).astype(np.float32)
+            else:
+                sign = 1.0 if self.kind == "scale" else -1.0
+                hostile[name] = (x * np.float32(sign * self.FACTOR)).astype(np.float32)
+        tokens = self.TOKENS if self.kind == "tokens" else self.tokens_per_step * self.max_steps
+        log.warning("chaos: publishing a poisoned update (%s ×%g, claiming %d tokens)", self.kind, self.FACTOR, tokens)
+        return encode_tensors(hostile, "fp32"), "fp32", tokens, self.max_steps
+
+
 class ChaosRoute:
     """`POST /chaos` (see the module docstring). Blocks use the router's ban list, so the host refuses
     the peers' connections and does not dial them until the block ends."""
@@ -122,7 +161,7 @@ class ChaosRoute:
 
     async def handle(self, request: Request) -> Response:
         try:
-            body = json.loads(request.body) if request.body else {}
+            body = request.json() if request.body else {}
             peers, seconds = body["block_peers"], float(body["seconds"])
             if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers) or not 0 < seconds <= 86400:
                 raise ValueError("block_peers must be a list of peer ids and 0 < seconds <= 86400")

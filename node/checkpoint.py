@@ -307,6 +307,7 @@ class CheckpointDir:
         self.directory = Path(directory)
         self.keep = keep
         self.expect = dict(expect or {})
+        self.last_error: str | None = None  # the last failed save (`save`), None after a success
         self.directory.mkdir(parents=True, exist_ok=True)
         for entry in self.directory.iterdir():
             if entry.name.startswith(_TMP_PREFIX):
@@ -342,12 +343,16 @@ class CheckpointDir:
         return final
 
     def save(self, ckpt: Checkpoint) -> Path | None:
-        """`commit(stage(ckpt))`; on an I/O error logs it and returns None (training goes on)."""
+        """`commit(stage(ckpt))`; on an I/O error logs it, keeps it in `last_error` (None after a success)
+        and returns None (training goes on; the previous checkpoints are untouched)."""
         try:
-            return self.commit(self.stage(ckpt), ckpt.round)
+            path = self.commit(self.stage(ckpt), ckpt.round)
         except OSError as exc:
-            log.error("checkpoint of round %d not written: %s", ckpt.round, exc)
+            self.last_error = f"checkpoint of round {ckpt.round} not written: {exc}"
+            log.error("%s", self.last_error)
             return None
+        self.last_error = None
+        return path
 
     def latest(self) -> Checkpoint | None:
         """The newest valid checkpoint, or None. Skipped files are logged with their reason."""

@@ -35,7 +35,7 @@ A node with --peers never starts a run of its own: until a peer answers it waits
 dial; GET /status shows "waiting_for" and "dial_failures".
 
 Run-wide flags (every node of a run must agree): --run-id, --model, --set, --seed, --window, --outer-lr,
---outer-momentum, --heartbeat.
+--outer-momentum, --norm-clip, --heartbeat.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
 compiled steps between starts, which cuts a restart's start-up from tens of seconds to a few.
@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="outer Nesterov learning rate, applied by every node (default %(default)s, DiLoCo's)")
     train.add_argument("--outer-momentum", type=float, default=0.9, metavar="MU",
                        help="outer Nesterov momentum (default %(default)s, DiLoCo's)")
+    train.add_argument("--norm-clip", type=float, default=1.0, metavar="K",
+                       help="bound on any one update's influence: per tensor, updates larger than K x the slot's "
+                            "median norm enter with that norm; 0 turns the bound off (default %(default)s; "
+                            "PROTOCOL.md section 11c, docs/threat-model.md)")
     ev = p.add_argument_group("evaluation and checkpoints")
     ev.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                     help="held-out bits-per-byte every ROUNDS rounds, and once before the first; 0: never "
@@ -146,8 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     chaos = p.add_argument_group("chaos (testing)")
     chaos.add_argument("--slowdown", type=float, default=1.0, metavar="FACTOR",
                        help="every inner step takes FACTOR times as long (default %(default)s)")
-    chaos.add_argument("--misbehave", choices=("garbage", "bad-updates"), default=None,
-                       help="also send malformed frames / invalid updates that honest peers must refuse")
+    from node.settings import CHAOS_MODES
+
+    chaos.add_argument("--misbehave", choices=CHAOS_MODES, default=None, metavar="MODE",
+                       help="act as a hostile peer: garbage (malformed frames), bad-updates (also publish "
+                            "invalid updates), poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
+                            "scaled or random-direction update instead of its own, claiming the most tokens "
+                            "the run allows; tokens: claiming 2^40). Honest peers must refuse or bound them")
     chaos.add_argument("--allow-chaos", action="store_true",
                        help='enable POST /chaos {"block_peers": [ids], "seconds": T} (off by default)')
     return p
@@ -165,7 +174,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         keep_checkpoints=args.keep_checkpoints, eval_budget=args.eval_budget,
         compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
+        outer_momentum=args.outer_momentum, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
         allow_chaos=args.allow_chaos)
 

@@ -42,7 +42,7 @@ from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
-from node.settings import NodeSettings
+from node.settings import NodeSettings, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.train import InnerLoop
 from node.outer.updates import accept_hook, decode_update, update_meta
@@ -88,8 +88,12 @@ class NodeRuntime:
         self.peer_id = self.identity.peer_id
         self.cfg = settings.ml_config(self.peer_id)
         self.shapes = param_shapes(self.cfg.model)
-        self.ledger_config = LedgerConfig(window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
-                                          embeddings=frozenset(embedding_names(self.cfg.model)))
+        self.ledger_config = LedgerConfig(
+            window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
+            embeddings=frozenset(embedding_names(self.cfg.model)), norm_clip=settings.norm_clip,
+            # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
+            tokens_per_step=self.cfg.data.batch_size * self.cfg.model.seq_len, max_inner_steps=settings.inner_steps)
+        self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint())
         self.stats = NodeStats(self.peer_id)
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
@@ -223,7 +227,7 @@ class NodeRuntime:
                               listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                               advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                               advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                              accept=accept_hook(self.shapes))
+                              accept=accept_hook(self.shapes), run_config=self.run_config)
 
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from

@@ -4,23 +4,25 @@ test, and read by the runtime. The machine-learning half (model, data, inner opt
 
 Run-wide settings (every node of a run must agree, or their updates and states are refused):
 `run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `outer_lr`,
-`outer_momentum`, `heartbeat_s`.
+`outer_momentum`, `norm_clip`, `heartbeat_s`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
 
 from node.island.config import Config, ConfigError, preset
 from protocol.addresses import is_wildcard_host
 from protocol.compression import Codec
 from protocol.messages import split_addr
+from protocol.runconfig import encode_config
 
-__all__ = ["CHAOS_MODES", "NodeSettings"]
+__all__ = ["CHAOS_MODES", "NodeSettings", "run_configuration"]
 
-CHAOS_MODES = ("garbage", "bad-updates")
+CHAOS_MODES = ("garbage", "bad-updates", "poison:negate", "poison:scale", "poison:random", "poison:tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,7 @@ class NodeSettings:
     quorum: int = 1
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    norm_clip: float = 1.0  # protocol.ledger.bound: k of the per-tensor norm bound (0: off)
     heartbeat_s: float = 1.0
     sync_timeout_s: float | None = None  # None: with peers, wait for their state until stopped
     drain_timeout_s: float | None = None  # None: derived from the heartbeat and round times
@@ -93,6 +96,8 @@ class NodeSettings:
             _fail(f"--outer-lr must be > 0, got {self.outer_lr}")
         if not 0.0 <= self.outer_momentum < 1.0:
             _fail(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if not (self.norm_clip == 0.0 or 1.0 <= self.norm_clip < float("inf")):
+            _fail(f"--norm-clip must be 0 (off) or a finite number >= 1, got {self.norm_clip}")
         if not self.slowdown >= 1.0:
             _fail(f"--slowdown must be >= 1, got {self.slowdown}")
         if not 0.0 < self.heartbeat_s <= 60.0:
@@ -132,6 +137,20 @@ class NodeSettings:
         if self.data:
             extra["sources"] = self.data
         return cfg.with_overrides(**extra)
+
+
+def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: Mapping[str, object]) -> str:
+    """The run configuration this node trains with (`protocol.runconfig`): what every node of its run must
+    share — the model, the inner optimizer and schedule, tokens per step, the seed, H, the codec and the
+    outer optimizer's ledger settings. Per-node knobs (data files and shard, quorum, heartbeat, checkpoints,
+    adaptive steps, chaos) are not part of it."""
+    fields: dict[str, object] = {f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}
+    fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(cfg.inner).items()})
+    fields.update({"data.batch_size": cfg.data.batch_size, "data.data_seed": cfg.data.data_seed,
+                   "run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
+                   "run.compression": str(settings.compression)})
+    fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})
+    return encode_config(fields)  # type: ignore[arg-type]
 
 
 def _fail(message: str) -> None:

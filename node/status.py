@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from p2p import Host, Kind, Request, Response
 from protocol.errors import Reason
+from protocol.runconfig import config_hash
 from node.outer.replica import Replica
 
 __all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
@@ -59,6 +60,9 @@ class NodeStats:
     waiting_for: str | None = None  # while syncing: what the node waits for (a peer, a state, a download)
     resumed_round: int | None = None  # round of the checkpoint this process resumed from
     time_s: Counter[str] = field(default_factory=Counter)  # seconds of this process per phase (PHASES)
+    # the last failed write per kind ("checkpoint", "update_blob": a full disk, permissions), removed when a
+    # write of that kind succeeds again; the node keeps training meanwhile
+    disk_errors: dict[str, str] = field(default_factory=dict)
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -125,6 +129,9 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "waiting_for": stats.waiting_for,
         "dial_failures": host.dial_failures.describe(),
         "resumed_round": stats.resumed_round,
+        "disk_errors": dict(sorted(stats.disk_errors.items())),
+        "run_config_hash": config_hash(host.config.run_config),
+        "run_config": host.config.run_config,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
         "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},
         "peak_rss_bytes": peak_rss_bytes(),

@@ -17,7 +17,7 @@ import io
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -34,19 +34,23 @@ DEFAULT_CHUNK = 4 << 20
 _PEER_NAME = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,64}")  # base58: safe as a metrics label
 
 
-def client_name(request: Request) -> str:
-    """The peer a client names itself in `x-diloco-peer` (for byte counters only), or `unknown`."""
+def client_name(request: Request, known: Callable[[str], bool] = lambda peer: True) -> str:
+    """The peer a client names itself in `x-diloco-peer` (for byte counters only), or `unknown`. The header is
+    not authenticated: a name is used only if `known(name)` (the host passes its peer table), so a client
+    cannot mint counter keys and metric labels without bound."""
     peer = request.headers.get(PEER_HEADER, "")
-    return peer if _PEER_NAME.fullmatch(peer) else UNKNOWN_PEER
+    return peer if _PEER_NAME.fullmatch(peer) and known(peer) else UNKNOWN_PEER
 
 
 class BlobService:
     """The `/blobs/` route of a node's HTTP app."""
 
-    def __init__(self, store: BlobStore, counters: Counters, *, chunk_bytes: int = DEFAULT_CHUNK) -> None:
+    def __init__(self, store: BlobStore, counters: Counters, *, chunk_bytes: int = DEFAULT_CHUNK,
+                 known: Callable[[str], bool] = lambda peer: True) -> None:
         self.store = store
         self.counters = counters
         self.chunk_bytes = chunk_bytes
+        self.known = known  # which `x-diloco-peer` names count under their own name (`client_name`)
 
     def mount(self, app: HttpApp) -> None:
         app.route("GET", BLOB_PREFIX, self.handle)
@@ -57,7 +61,7 @@ class BlobService:
             check_hex(name)
         except LocalProtocolError:
             return Response.text(400, "bad blob name\n")
-        peer = client_name(request)
+        peer = client_name(request, self.known)
         try:
             size = self.store.size(name)
             # Opened before answering: a blob removed meanwhile (an old snapshot) is a clean 404, and one

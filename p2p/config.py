@@ -29,6 +29,7 @@ class HostConfig:
     gossip: GossipConfig | None = None
     max_frame_size: int = MAX_FRAME_SIZE
     max_connections: int = 64  # open TCP connections, handshaking ones included
+    max_handshakes_per_host: int = 16  # inbound connections from one host not yet past the handshake
     queue_frames: int = 1024  # per-connection send queue bounds
     queue_bytes: int = 8 << 20
     handshake_timeout_s: float = 5.0
@@ -42,12 +43,15 @@ class HostConfig:
     clock: Callable[[], float] = time.time  # Unix time: seqnos and replay windows use it
     accept: AcceptHook | None = None  # application check on signed messages, raises RemoteProtocolError
     agent: str = "diloco/0.1"
+    run_config: str = ""  # protocol.runconfig text sent in the hello; a peer's must be equal
 
     def __post_init__(self) -> None:
         if self.gossip is not None and self.gossip.run_id != self.run_id:
             raise LocalProtocolError("gossip config is for another run id")
         if self.max_connections < 1 or self.queue_frames < 1 or self.queue_bytes < self.max_frame_size:
             raise LocalProtocolError("need max_connections >= 1, queue_frames >= 1, queue_bytes >= max_frame_size")
+        if self.max_handshakes_per_host < 1:
+            raise LocalProtocolError("need max_handshakes_per_host >= 1")
 
     @property
     def gossip_config(self) -> GossipConfig:

@@ -21,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,14 @@ class Request:
     headers: dict[str, str]
     client: tuple[str, int] | None
     body: bytes = b""
+
+    def json(self) -> object:
+        """The body parsed as JSON. Raises ValueError for anything that is not (bad UTF-8, bad JSON, or
+        nesting too deep for the parser: a RecursionError would otherwise escape as a 500)."""
+        try:
+            return json.loads(self.body)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 @dataclass

@@ -21,6 +21,7 @@ class Reason(enum.StrEnum):
     UNSUPPORTED_VERSION = "unsupported_version"
     # binding and freshness
     WRONG_RUN_ID = "wrong_run_id"
+    CONFIG_MISMATCH = "config_mismatch"  # a peer of this run id with another run configuration
     DUPLICATE = "duplicate"
     REPLAYED = "replayed"
     # authenticity
@@ -38,6 +39,7 @@ class Reason(enum.StrEnum):
     NON_FINITE = "non_finite"
     HASH_MISMATCH = "hash_mismatch"
     BAD_STATE = "bad_state"
+    BAD_CLAIM = "bad_claim"  # an update claiming more tokens or inner steps than the run allows
     BAD_CHUNK = "bad_chunk"  # a state piece whose length or SHA-256 is not the verified index's
 
 

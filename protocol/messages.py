@@ -80,6 +80,7 @@ class Hello(Message):
     http_addr: Addr
     challenge: Bytes32
     agent: Annotated[str, Size(0, 128)]
+    run_config: Annotated[str, Size(0, 8192)] = ""  # protocol.runconfig: what every node of the run agrees on
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import msgpack
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity, public_key_from_peer_id, verify_signature
 from protocol.messages import DOMAIN, PROTOCOL_VERSION, Hello, HelloProof, Signed, SignedBody
+from protocol.runconfig import check_config
 from protocol.wire import signing_input
 
 CHALLENGE_BYTES = 32
@@ -70,13 +71,14 @@ def hello_transcript(signer: Hello, verifier: Hello) -> bytes:
 
 
 def check_hello(theirs: Hello, ours: Hello) -> None:
-    """Refuse a peer's Hello before answering it: UNSUPPORTED_VERSION, WRONG_RUN_ID, BAD_IDENTITY
+    """Refuse a peer's Hello before answering it: UNSUPPORTED_VERSION, WRONG_RUN_ID, CONFIG_MISMATCH, BAD_IDENTITY
     (malformed peer id), BAD_HANDSHAKE (our own peer id, or our own challenge echoed back — a
     reflection). Call after `protocol.validation` accepted the frame; returns None if acceptable."""
     if theirs.version != PROTOCOL_VERSION:
         raise RemoteProtocolError(Reason.UNSUPPORTED_VERSION, f"peer speaks v{theirs.version}")
     if theirs.run_id != ours.run_id:
         raise RemoteProtocolError(Reason.WRONG_RUN_ID, f"peer is in run {theirs.run_id!r}")
+    check_config(ours.run_config, theirs.run_config)
     public_key_from_peer_id(theirs.peer_id)
     if theirs.peer_id == ours.peer_id:
         raise RemoteProtocolError(Reason.BAD_HANDSHAKE, "peer claims our own peer id")

@@ -5,6 +5,7 @@ in the same invocation:
     python -m testnet.bench goodput --no-faults-run  # ... then the same testnet without kills, to compare
     python -m testnet.bench goodput --slow 5:4       # kills and node 5 four times slower
     python -m testnet.bench slow      # one node 4x slower vs all uniform: fast nodes' tokens/s and the loss
+    python -m testnet.bench hostile   # one hostile peer of 4 (testnet.bench_hostile) vs the honest-only run
 
 `goodput` targets (issue "Self-healing that heals": the nodes must keep learning through the kills, not
 only keep busy): held-out bpb ÷ data-parallel's at equal tokens <= 1.08; held-out bpb below data-parallel's
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from testnet.bench_hostile import bench_hostile
 from testnet.cli import Options, build_plan, run_testnet
 from testnet.faults import PlanError
 from testnet.loss_jumps import banner
@@ -197,8 +199,8 @@ def bench_slow(a: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m testnet.bench", description=__doc__.splitlines()[0])
-    p.add_argument("which", choices=("goodput", "slow"))
-    p.add_argument("--nodes", type=int, default=6)
+    p.add_argument("which", choices=("goodput", "slow", "hostile"))
+    p.add_argument("--nodes", type=int, default=None, help="nodes (default: 6; hostile: 4, one of them hostile)")
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--factor", type=float, default=4.0, help="slow node's factor (slow benchmark)")
     p.add_argument("--seed", type=int, default=0)
@@ -221,18 +223,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slow", action="append", default=[], metavar="NODE:FACTOR",
                    help="goodput: also slow NODE down FACTOR times, in every run (repeatable; as diloco-testnet "
                         "--slow)")
+    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens"), default=None,
+                   help="hostile: the attacks to run (default: all)")
+    p.add_argument("--unbounded-attack", action="store_true",
+                   help="hostile: also run the negate attack against nodes without the bound")
     p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
                    help="recompute the figures from earlier run directories instead of running: slow: UNIFORM "
-                        "SLOWED; goodput: RUN [NO_FAULTS_RUN]")
+                        "SLOWED; goodput: RUN [NO_FAULTS_RUN]; hostile: every run, in the order of its plan")
     a = p.parse_args(argv)
     if a.which == "slow" and a.slow:
         p.error("--slow is for goodput; the slow benchmark slows its last node by --factor")
     if a.from_runs and len(a.from_runs) != 2 and a.which == "slow":
         p.error("--from-runs: slow needs UNIFORM SLOWED")
-    if a.from_runs and len(a.from_runs) > 2:
+    if a.from_runs and len(a.from_runs) > 2 and a.which == "goodput":
         p.error("--from-runs: goodput takes RUN [NO_FAULTS_RUN]")
+    if a.nodes is None:
+        a.nodes = 4 if a.which == "hostile" else 6
     if a.inner_steps is None:
         a.inner_steps = 50 if a.which == "goodput" else 20
+    if a.which == "hostile":
+        bench_hostile(a, _run, _reload, _compare_loss)
+        return 0
     if a.which == "goodput" and not a.from_runs:
         try:
             build_plan(_goodput_options(a, faults=True))  # --slow checked before anything runs

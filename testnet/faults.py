@@ -25,6 +25,8 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from node.settings import CHAOS_MODES as MISBEHAVE_MODES  # the node's --misbehave modes
+
 __all__ = [
     "MISBEHAVE_MODES",
     "Action",
@@ -38,8 +40,6 @@ __all__ = [
     "parse_partition",
     "parse_slow",
 ]
-
-MISBEHAVE_MODES = ("garbage", "bad-updates")
 
 
 class PlanError(ValueError):
@@ -314,7 +314,8 @@ def parse_slow(text: str) -> tuple[int, float]:
 
 
 def parse_misbehave(text: str) -> tuple[int, str]:
-    """`NODE` or `NODE:MODE` (mode `garbage` or `bad-updates`, default `bad-updates`)."""
+    """`NODE` or `NODE:MODE` (a node `--misbehave` mode, e.g. `garbage` or `poison:negate`; default
+    `bad-updates`)."""
     node, _, mode = text.partition(":")
     return _int(node, "--misbehave node"), mode or "bad-updates"
 

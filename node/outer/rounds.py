@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import numpy as np
 import trio
 
-from node.chaos import Misbehave, Slowdown
+from node.chaos import Misbehave, Poison, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.outer.outer_files import map_blob
 from node.outer.rebase import BaseShift
@@ -48,7 +48,8 @@ from node.status import NodeStats
 from node.island.train import InnerLoop, RoundResult
 from node.outer.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
-from protocol.compression import ErrorFeedback
+from protocol.compression import Codec, ErrorFeedback
+from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy
 
 __all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
@@ -174,7 +175,10 @@ class Rounds:
         self.heldout, self.checkpoints = heldout, checkpoints
         self.stop_requested, self.wait_change = stop_requested, wait_change
         self.slowdown = Slowdown(settings.slowdown)
-        self.misbehave = Misbehave(settings.misbehave, host, shapes) if settings.misbehave else None
+        poisoning = (settings.misbehave or "").startswith("poison:")
+        self.misbehave = Misbehave(settings.misbehave, host, shapes) if settings.misbehave and not poisoning else None
+        self.poison = Poison(settings.misbehave.removeprefix("poison:"), shapes,
+                             loop.batches.batch_size * loop.batches.seq_len, settings.inner_steps) if poisoning else None
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
@@ -211,7 +215,12 @@ class Rounds:
         if self._interrupted(result):
             return result, None
         started = time.perf_counter()
-        compressed = compress(self.feedback, make_delta(shift.applied, result.params))
+        try:
+            compressed = compress(self.feedback, make_delta(shift.applied, result.params))
+        except LocalProtocolError as exc:  # a diverged round (a non-finite Δ): nothing anyone could apply
+            log.error("round %d diverged, not published: %s", self.stats.round + 1, exc)
+            self.feedback.reset()
+            return result, None
         phases["compress"] = time.perf_counter() - started
         return result, compressed
 
@@ -276,14 +285,29 @@ class Rounds:
             return False
         payload, norms = compressed
         publish_slot = self.replica.slot
-        signed = await self.host.publish_update(
-            payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens, inner_steps=result.steps,
-            codec=self.settings.compression, shapes=shapes_field(self.shapes))
-        clock.lap("publish")
-        meta = update_meta(signed)
-        stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
-        stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
-        outcome, _ = await self.replica.add(meta, stored_deltas, stored)  # kept on disk (mapped), not in memory
+        if self.poison is not None:
+            signed, outcome, stored_deltas = await self._publish_poisoned(payload, norms, base_slot, publish_slot)
+            meta = update_meta(signed)
+        else:
+            try:
+                signed = await self.host.publish_update(
+                    payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens,
+                    inner_steps=result.steps, codec=self.settings.compression, shapes=shapes_field(self.shapes))
+            except OSError as exc:  # the blob could not be stored (a full disk): peers could not fetch it
+                first = "update_blob" not in self.stats.disk_errors
+                self.stats.disk_errors["update_blob"] = f"round {self.stats.round + 1} not published: {exc}"
+                log.log(logging.ERROR if first else logging.DEBUG, "%s; training goes on and every round tries "
+                        "again (logged once until it works)", self.stats.disk_errors["update_blob"])
+                self.feedback.reset()  # its residual belongs to an update nobody will apply
+                self.stats.observe_round(result.steps, result.seconds, result.tokens, result.mean_loss)  # trained
+                return False
+            if self.stats.disk_errors.pop("update_blob", None) is not None:
+                log.warning("update blobs are written again: round %d published", self.stats.round + 1)
+            clock.lap("publish")
+            meta = update_meta(signed)
+            stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+            stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
+            outcome, _ = await self.replica.add(meta, stored_deltas, stored)  # kept on disk (mapped), not in memory
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
@@ -307,6 +331,21 @@ class Rounds:
         self.stats.time_s.update(phases)
         log.info("round %d timing: %s", self.stats.round, " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
         return True
+
+    async def _publish_poisoned(self, payload: bytes, norms: dict[str, float], base_slot: int, publish_slot: int):
+        """`--misbehave poison:KIND`: publish the hostile version of this round's update and add it here
+        like any peer's (a refusal is logged); the next round starts from the honest Δ."""
+        data, codec, tokens, steps = self.poison.apply(payload, self.feedback.codec)
+        signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
+                                                inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
+        stored = Payload(Codec(codec), data)
+        try:
+            outcome, _ = await self.replica.add(update_meta(signed), PayloadDeltas(stored, self.shapes), stored)
+        except RemoteProtocolError as exc:
+            log.warning("chaos: own poisoned update refused here too: %s", exc)
+            outcome = Outcome.DUPLICATE
+        honest = Payload(self.feedback.codec, payload)
+        return signed, outcome, PayloadDeltas.measured(honest, self.shapes, norms)
 
     def _count(self, result: RoundResult) -> None:
         stats = self.stats
@@ -394,11 +433,18 @@ class Rounds:
             if path is not None:
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 
+        def report() -> None:  # trio thread: the stats are read by /status
+            if checkpoints.last_error is None:
+                self.stats.disk_errors.pop("checkpoint", None)
+            else:
+                self.stats.disk_errors["checkpoint"] = checkpoints.last_error
+
         async def write(phase: str) -> None:
             try:
                 async with self._write_lock:
                     with self.stats.timed(phase):
                         await trio.to_thread.run_sync(work)
+                    report()
             finally:
                 self._writing = False
 

@@ -43,7 +43,7 @@ class ForkHintRoute:
 
     async def handle(self, request: Request) -> Response:
         try:
-            peer = json.loads(request.body)["peer"]
+            peer = request.json()["peer"]
             if not isinstance(peer, str):
                 raise TypeError("peer must be a peer id string")
         except (ValueError, KeyError, TypeError) as exc:

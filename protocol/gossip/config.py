@@ -24,6 +24,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.BAD_SCHEMA: 40.0,
     Reason.UNSUPPORTED_VERSION: 200.0,
     Reason.WRONG_RUN_ID: 200.0,
+    Reason.CONFIG_MISMATCH: 0.0,  # misconfigured, not hostile: refused at the handshake, counted
     Reason.DUPLICATE: 0.0,
     Reason.REPLAYED: 10.0,
     Reason.BAD_SIGNATURE: 40.0,
@@ -38,6 +39,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.NON_FINITE: 40.0,
     Reason.HASH_MISMATCH: 40.0,
     Reason.BAD_STATE: 20.0,
+    Reason.BAD_CLAIM: 40.0,  # an update claiming more work than the run allows (signed: hostile, not broken)
     Reason.BAD_CHUNK: 40.0,  # counted by the state download (`node.sync.statefetch`), like a bad blob
 }
 

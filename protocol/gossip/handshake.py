@@ -38,7 +38,8 @@ class Handshake:
     `receive_frame` and send what it returns, until `state is State.DONE` (then `self.peer` is the
     peer's authenticated Hello). `expected_peer` (when dialling a known peer id) must match.
     `remote_host` (the connection's remote address, when known) lets the peer's advertised addresses be
-    checked against where it is: `bad_address` for one that cannot reach it."""
+    checked against where it is: `bad_address` for one that cannot reach it. `run_config`
+    (`protocol.runconfig`) must equal the peer's: `config_mismatch` names the fields that differ."""
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class Handshake:
         expected_peer: str | None = None,
         agent: str = "diloco",
         remote_host: str | None = None,
+        run_config: str = "",
     ) -> None:
         self.identity = identity
         self.validator = validator
@@ -64,6 +66,7 @@ class Handshake:
             http_addr=http_addr,
             challenge=challenge,
             agent=agent,
+            run_config=run_config,
         )
         self.state = State.AWAIT_HELLO
         self.peer: Hello | None = None

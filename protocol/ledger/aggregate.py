@@ -1,20 +1,31 @@
 """A slot's aggregate: a function of the *set* of updates applied at the slot.
 
 Per tensor, with weights ``w_i`` and pseudo-gradients ``Δ_i``, the aggregate is ``g = s · U`` where
-``U = Σ c_i Δ_i`` is a float64 accumulator with per-update coefficients ``c_i`` (:func:`coefficient`) and
-``s`` a per-slot scale (:func:`slot_scale`):
+``U = Σ c_i Δ_i`` is a float64 accumulator with per-update coefficients ``c_i`` and ``s`` a per-slot scale,
+both from :func:`tensor_terms`.
 
-* mean: ``c_i = w_i``, ``s = 1 / Σ w_i`` — the weighted average;
+Bounded influence (:mod:`protocol.ledger.bound`: which entries count, and the norm bound ``τ``): per origin,
+only the update with the smallest ``update_id`` counts (the others get ``c_i = 0`` and no weight), and each
+counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_clip`` × the lower median
+of the counted norms. Then:
+
+* mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
+  clipped updates;
 * radial-directional (every tensor except the configured embeddings): ``c_i = w_i / ‖Δ_i‖`` (0 for a zero
-  update), ``s = (Σ w_i ‖Δ_i‖ / Σ w_i) / ‖U‖`` — the weighted mean norm times the normalized weighted mean
-  direction. ``U = 0`` gives ``g = 0``; an empty slot aggregates to zeros.
+  update), ``s = (Σ w_i ñ_i / Σ w_i) / max(‖U‖, sqrt(Σ w_i²))`` — the weighted mean clipped norm times the
+  normalized weighted mean direction. The floor ``sqrt(Σ w_i²)`` (counted nonzero updates) is the norm of
+  ``U`` for unit vectors that neither agree nor oppose: directions that cancel (a negated update against
+  honest ones) give a short step, not a noise direction blown up to the full mean norm. Honest
+  pseudo-gradients agree more than they oppose, so it rarely binds for them (``norm_clip = 0`` turns it off
+  with the clip). ``U = 0`` gives ``g = 0``; an empty slot aggregates to zeros.
 
-Because ``c_i`` depends on the update alone, a kept sum ``U`` takes a late update in one pass (the fold,
-``protocol.ledger.outer.fold_change``; :func:`norm_with_term` gives its norm first), not a
-recomputation; such a sum depends on the arrival order in the last bits. The *canonical* value
-(:func:`canonical_spans`, :func:`accumulate_sorted`) visits entries in ascending ``update_id`` order and is
-bit-identical on every replica holding the same set (scalar sums use ``math.fsum``; norms use numpy's
-pairwise summation over fixed chunks, never BLAS; terms with ``c_i = 0`` are skipped).
+A late update changes ``c_i`` of the slot's other entries only when it moves ``τ`` across one of their
+norms or displaces an entry of its origin; the fold then takes every changed term in the same pass
+(``protocol.ledger.outer.fold_change``; :func:`norm_with_terms` gives the new norm first). The
+*canonical* value (:func:`canonical_spans`, :func:`accumulate_sorted`) visits entries in ascending
+``update_id`` order and is bit-identical on every replica holding the same set (scalar sums use
+``math.fsum``; norms use numpy's pairwise summation over fixed chunks, never BLAS; terms with
+``c_i = 0`` are skipped).
 """
 
 from __future__ import annotations
@@ -25,13 +36,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol.ledger.bound import counted, norm_bound
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, span_of
 
-__all__ = ["SlotEntry", "accumulate_sorted", "aggregate", "canonical_spans", "coefficient", "norm_with_term",
-           "slot_scale", "uses_radial"]
+__all__ = ["SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans", "norm_with_terms",
+           "slot_scale", "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
 
@@ -56,43 +68,74 @@ def uses_radial(name: str, config: LedgerConfig) -> bool:
     return config.aggregation is Aggregation.RADIAL_DIRECTIONAL and name not in config.embeddings
 
 
-def coefficient(entry: SlotEntry, name: str, config: LedgerConfig) -> float:
-    """``c_i`` of ``entry`` for tensor ``name`` (independent of the other entries of the slot)."""
-    if not uses_radial(name, config):
-        return entry.weight
-    norm = entry.norms[name]
-    return entry.weight / norm if norm > 0.0 else 0.0
+@dataclass(frozen=True)
+class TensorTerms:
+    """One tensor's terms over a slot's set: ``c_i`` by update id (0 for an entry that does not count or
+    has norm 0) and what the scale needs (``Σ w_i`` and, radial, ``Σ w_i ñ_i``, over counted entries)."""
+
+    radial: bool
+    coefficients: Mapping[bytes, float]
+    total_weight: float
+    weighted_norms: float
+    floor: float = 0.0  # radial: sqrt(Σ w_i²) over counted nonzero updates, the least ‖U‖ divided by
+
+    def scale(self, u_norm: float) -> float:
+        """``s`` given the accumulator's norm (unused for a mean tensor)."""
+        if self.total_weight <= 0.0:
+            return 0.0
+        if not self.radial:
+            return 1.0 / self.total_weight
+        if u_norm <= 0.0:
+            return 0.0
+        return (self.weighted_norms / self.total_weight) / max(u_norm, self.floor)
+
+
+def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig) -> TensorTerms:
+    """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring)."""
+    radial = uses_radial(name, config)
+    kept = counted(entries)
+    tau = norm_bound(kept, name, config)
+    coefficients = dict.fromkeys((e.meta.update_id for e in entries), 0.0)
+    clipped = []
+    for e in kept:
+        norm = e.norms[name]
+        clipped.append(min(norm, tau))
+        if norm <= 0.0:
+            coefficients[e.meta.update_id] = 0.0 if radial else e.weight
+        elif radial:
+            coefficients[e.meta.update_id] = e.weight / norm
+        else:
+            coefficients[e.meta.update_id] = e.weight if norm <= tau else e.weight * (tau / norm)
+    return TensorTerms(
+        radial=radial,
+        coefficients=coefficients,
+        total_weight=math.fsum(e.weight for e in kept),
+        weighted_norms=math.fsum(e.weight * n for e, n in zip(kept, clipped, strict=True)),
+        floor=math.sqrt(math.fsum(e.weight * e.weight for e in kept if e.norms[name] > 0.0))
+        if radial and config.norm_clip > 0.0 else 0.0,
+    )
 
 
 def slot_scale(entries: Sequence[SlotEntry], name: str, config: LedgerConfig, u_norm: float) -> float:
     """``s`` for tensor ``name`` of a slot holding ``entries`` whose accumulator has norm ``u_norm``."""
-    if not entries:
-        return 0.0
-    total = math.fsum(e.weight for e in sorted(entries, key=lambda e: e.meta.update_id))
-    if not uses_radial(name, config):
-        return 1.0 / total
-    if u_norm <= 0.0:
-        return 0.0
-    mean_norm = (
-        math.fsum(e.weight * e.norms[name] for e in sorted(entries, key=lambda e: e.meta.update_id)) / total
-    )
-    return mean_norm / u_norm
+    return tensor_terms(entries, name, config).scale(u_norm)
 
 
 def _buffer(size: int) -> np.ndarray:
     return np.empty(min(CHUNK, size), dtype=_F64)
 
 
-def norm_with_term(u: np.ndarray, x: np.ndarray, c: float) -> float:
-    """``‖u + c·x‖`` in float64 (canonical chunking), ``u`` float64 or a float32 kept sum, ``x`` float32;
-    nothing is written."""
-    uf, xf, buf = flat(u), flat(x), _buffer(u.size)
-    cc = _F64(c)
+def norm_with_terms(u: np.ndarray, name: str, terms: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> float:
+    """``‖u + Σ c_j·Δ_j[name]‖`` in float64 (canonical chunking), ``u`` float64 or a float32 kept sum,
+    each ``Δ_j`` an entry's deltas (float32 arrays or a payload, read span by span); nothing is written."""
+    uf, buf, tmp = flat(u), _buffer(u.size), _buffer(u.size)
     parts = []
     for s in spans(uf.size):
-        t = buf[: s.stop - s.start]
-        np.multiply(xf[s], cc, out=t, dtype=_F64)
-        t += uf[s]
+        t, x = buf[: s.stop - s.start], tmp[: s.stop - s.start]
+        t[...] = uf[s]
+        for deltas, c in terms:
+            np.multiply(span_of(deltas, name, s), _F64(c), out=x, dtype=_F64)
+            t += x
         parts.append(float(np.sum(np.square(t, out=t))))
     return math.sqrt(math.fsum(parts))
 
@@ -104,7 +147,8 @@ def canonical_spans(
     ``(span, U over it, its sum of squares)``. ``U`` is written into ``out`` (a flat float64 array of
     ``size``) if given, else into one chunk-sized buffer reused for the next span."""
     ordered = sorted(entries, key=lambda e: e.meta.update_id)
-    terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficient(e, name, config)) != 0.0]
+    coefficients = tensor_terms(entries, name, config).coefficients
+    terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficients[e.meta.update_id]) != 0.0]
     buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]

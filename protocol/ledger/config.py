@@ -88,6 +88,10 @@ class LedgerConfig:
     weighting, aggregation: see the enums. embeddings: tensor names aggregated with the plain mean.
     stale_policy: fate of updates older than the window.
     max_future_slots: an update for a slot more than this many slots past the open one is refused.
+    norm_clip: k of the norm bound ``τ = k ×`` the slot's lower median norm, per tensor
+    (:mod:`protocol.ledger.bound`); 0 turns it off.
+    tokens_per_step, max_inner_steps: the most tokens one inner step and the most inner steps one update
+    may claim (None: unchecked); an update claiming more is refused.
     """
 
     window: int = 4
@@ -100,6 +104,9 @@ class LedgerConfig:
     embeddings: frozenset[str] = frozenset()
     stale_policy: StalePolicy = StalePolicy.APPLY
     max_future_slots: int = 64
+    norm_clip: float = 1.0
+    tokens_per_step: int | None = None
+    max_inner_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -112,6 +119,12 @@ class LedgerConfig:
             raise LocalProtocolError(f"staleness_alpha must be finite and ≥ 0, got {self.staleness_alpha!r}")
         if not isinstance(self.max_future_slots, int) or self.max_future_slots < 0:
             raise LocalProtocolError(f"max_future_slots must be an int ≥ 0, got {self.max_future_slots!r}")
+        if not (math.isfinite(self.norm_clip) and (self.norm_clip == 0.0 or self.norm_clip >= 1.0)):
+            raise LocalProtocolError(f"norm_clip must be 0 (off) or finite and ≥ 1, got {self.norm_clip!r}")
+        for name in ("tokens_per_step", "max_inner_steps"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise LocalProtocolError(f"{name} must be None or an int ≥ 1, got {value!r}")
         if not isinstance(self.embeddings, frozenset) or not all(isinstance(n, str) for n in self.embeddings):
             raise LocalProtocolError("embeddings must be a frozenset of tensor names")
         # Enum fields: accept their string values, refuse anything else.
@@ -145,4 +158,8 @@ class LedgerConfig:
             "aggregation": self.aggregation.value,
             "embeddings": sorted(self.embeddings),
             "stale_policy": self.stale_policy.value,
+            "max_future_slots": self.max_future_slots,
+            "norm_clip": self.norm_clip,
+            "tokens_per_step": self.tokens_per_step,
+            "max_inner_steps": self.max_inner_steps,
         }

@@ -16,9 +16,14 @@ def bad_state(detail: str) -> RemoteProtocolError:
     return RemoteProtocolError(Reason.BAD_STATE, detail)
 
 
+#: The largest slot, token count or step count a peer may send: every integer up to it is exact in
+#: binary64, so no arithmetic on it (weights, powers, sums) can overflow or round an integer away.
+MAX_COUNT = 2**53
+
+
 def uint(x: object, what: str) -> int:
-    if type(x) is not int or x < 0:
-        raise bad_state(f"{what} must be a non-negative int")
+    if type(x) is not int or not 0 <= x <= MAX_COUNT:
+        raise bad_state(f"{what} must be an int in [0, 2^53]")
     return x
 
 

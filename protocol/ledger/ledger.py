@@ -62,6 +62,7 @@ import numpy as np
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry, uses_radial
+from protocol.ledger.bound import check_claim
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
@@ -236,6 +237,7 @@ class Ledger:
         without changing any state.
         """
         check_meta(meta)
+        check_claim(meta, self.config)
         if meta.update_id in self._seen:
             return self._count(Outcome.DUPLICATE)
         n, target = self._n, meta.target_slot
@@ -258,11 +260,10 @@ class Ledger:
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
 
         def fold(name: str) -> None:
-            u = slot.fold_sum(name)
-            x = now[name]
-            change = slot.change_by(entry, name, x, u)
+            u = slot.fold_sum(name, entry)
+            change = slot.change_by(entry, name, now, u)
+            fold_change(self._theta[name], self._v[name], u, name, change, v_coef, theta_coef)  # and u += Σ c·x
             self._settle_payloads([*slot.entries, entry])
-            fold_change(self._theta[name], self._v[name], u, x, change, v_coef, theta_coef)  # and u += c·x
             slot.took(name, u, change)
 
         parallel_map(fold, self._shapes)
@@ -413,6 +414,7 @@ class Ledger:
         for e in snap.entries:
             try:
                 check_meta(e.meta)
+                check_claim(e.meta, config)
             except RemoteProtocolError as exc:
                 raise _bad_state(f"entry: {exc}") from None
             target, live = e.meta.target_slot, base < e.slot <= n + 1

@@ -31,6 +31,7 @@ import numpy as np
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.aggregate import canonical_spans, slot_scale
+from protocol.ledger.payload import span_of
 from protocol.ledger.slot import LiveSlot, TermChange
 
 __all__ = ["fold_coefficients", "fold_change", "mean_step", "nesterov_step"]
@@ -101,33 +102,35 @@ def fold_change(
     theta: np.ndarray,
     v: np.ndarray,
     u: np.ndarray,
-    x: np.ndarray,
+    name: str,
     change: TermChange,
     v_coef: float,
     theta_coef: float,
 ) -> None:
-    """Fold the change of one tensor of a past slot's aggregate into ``θ_n, v_n`` (in place), where that
-    slot's accumulator ``u`` receives ``c·x``: ``δ = s_new·(u + c·x) − s_old·u``, evaluated as
-    ``(s_new − s_old)·u + s_new·c·x`` from ``u`` *before* the add (well conditioned whether the new
-    update dominates the slot or not; from the sum after it, a light slot that receives a heavy update
-    loses digits to cancellation); ``v += v_coef·δ``; ``θ −= theta_coef·δ``. Then ``u += c·x`` in the
-    same pass (``u`` is the slot's float32 kept sum or a float64 rebuilt one)."""
+    """Fold the change of tensor ``name`` of a past slot's aggregate into ``θ_n, v_n`` (in place), where
+    that slot's accumulator ``u`` receives ``Σ_j Δc_j·Δ_j`` (``change.terms``, usually the late update's
+    one term): ``δ = s_new·(u + Σ Δc_j·Δ_j) − s_old·u``, evaluated as ``(s_new − s_old)·u + s_new·Σ Δc_j·Δ_j``
+    from ``u`` *before* the add (well conditioned whether the new update dominates the slot or not; from
+    the sum after it, a light slot that receives a heavy update loses digits to cancellation);
+    ``v += v_coef·δ``; ``θ −= theta_coef·δ``. Then ``u += Σ Δc_j·Δ_j`` in the same pass (``u`` is the
+    slot's float32 kept sum or a float64 rebuilt one)."""
     a, k = _F64(v_coef), _F64(theta_coef)
-    alpha, beta = _F64(change.s_new - change.s_old), _F64(change.s_new * change.c)
-    c = _F64(change.c)
+    alpha = _F64(change.s_new - change.s_old)
+    terms = [(deltas, _F64(c), _F64(change.s_new * c)) for deltas, c in change.terms if c != 0.0]
     # Scale δ in place twice (δ·a, then ·k/a) unless a is so small that δ·a could lose bits to underflow.
     reuse = float(a) >= 1e-30 and math.isfinite(float(k) / float(a))
     ratio = float(k) / float(a) if reuse else 0.0
-    thf, vf, uf, xf = flat(theta), flat(v), flat(u), flat(x)
+    thf, vf, uf = flat(theta), flat(v), flat(u)
     buf, buf2 = np.empty(min(CHUNK, thf.size)), np.empty(min(CHUNK, thf.size))
     for s in spans(thf.size):
         d, t = buf[: s.stop - s.start], buf2[: s.stop - s.start]
         np.multiply(uf[s], alpha, out=d)
-        if c != 0.0:
-            np.multiply(xf[s], c, out=t, dtype=_F64)
-            np.add(uf[s], t, out=uf[s], casting="same_kind")  # the slot's sum takes the update
+        for deltas, c, beta in terms:
+            x = span_of(deltas, name, s)
+            np.multiply(x, c, out=t, dtype=_F64)
+            np.add(uf[s], t, out=uf[s], casting="same_kind")  # the slot's sum takes the term
             if beta != 0.0:
-                np.multiply(xf[s], beta, out=t, dtype=_F64)
+                np.multiply(x, beta, out=t, dtype=_F64)
                 d += t
         if reuse:
             d *= a

@@ -22,18 +22,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, coefficient, norm_with_term, slot_scale
+from protocol.ledger.aggregate import SlotEntry, accumulate_sorted, norm_with_terms, slot_scale, tensor_terms
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
 
 
+#: One changed term of a tensor's accumulator: an entry's deltas (float32 arrays or a payload) and the
+#: change of its coefficient ``c_new − c_old``.
+Term = tuple[Mapping[str, np.ndarray], float]
+
+
 @dataclass(frozen=True)
 class TermChange:
-    """How adding one entry changes a tensor's aggregate: ``g_new − g_old = (s_new − s_old)·u + s_new·c·Δ``
-    with ``u`` the accumulator before the add, whose norm after the add is ``norm``."""
+    """How adding one entry changes a tensor's aggregate: ``g_new − g_old = (s_new − s_old)·u +
+    s_new·Σ_j Δc_j·Δ_j`` with ``u`` the accumulator before the add, whose norm after the add is ``norm``.
+    ``terms`` are the new entry's (``Δc`` = its coefficient) and, when the add moved the norm bound across
+    another entry's norm or displaced an entry of its origin (:mod:`protocol.ledger.bound`), theirs."""
 
-    c: float
+    terms: tuple[Term, ...]
     s_old: float
     s_new: float
     norm: float = 0.0
@@ -46,7 +53,8 @@ KEPT_CONDITION = 16.0
 
 
 def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float) -> bool:
-    terms = math.fsum(abs(coefficient(e, name, config)) * e.norms[name] for e in entries)
+    coefficients = tensor_terms(entries, name, config).coefficients
+    terms = math.fsum(abs(coefficients[e.meta.update_id]) * e.norms[name] for e in entries)
     return terms <= KEPT_CONDITION * norm
 
 
@@ -102,26 +110,38 @@ class LiveSlot:
         self._store(name, out, norm)
         return norm, slot_scale(self.entries, name, self.config, norm)
 
-    def fold_sum(self, name: str) -> np.ndarray:
-        """The array a late update's fold of tensor ``name`` works in (:meth:`change_by`): the kept float32
-        sum itself if it is well conditioned, else a new float64 array the sum is rebuilt in."""
+    def fold_sum(self, name: str, entry: SlotEntry) -> np.ndarray:
+        """The array the fold of a late ``entry``'s tensor ``name`` works in (:meth:`change_by`): the kept
+        float32 sum itself if it is well conditioned and ``entry`` changes no other entry's coefficient
+        (the norm bound or its origin's count: rare, and then the old terms may shrink far below the sum's
+        rounding), else a new float64 array the sum is rebuilt in."""
         if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1]):
-            return self.kept[name][0]
+            old = tensor_terms(self.entries, name, self.config).coefficients
+            new = tensor_terms([*self.entries, entry], name, self.config).coefficients
+            if all(new[i] == c for i, c in old.items()):
+                return self.kept[name][0]
         return np.empty(self.shapes[name], dtype=np.float64)
 
-    def change_by(self, entry: SlotEntry, name: str, x: np.ndarray, u: np.ndarray) -> TermChange:
-        """For a late ``entry`` whose tensor ``name`` is ``x``: how the tensor's aggregate changes when
-        ``entry`` joins (``u``, from :meth:`fold_sum`, is the slot's sum before: the kept sum, or the
+    def change_by(self, entry: SlotEntry, name: str, now: Mapping[str, np.ndarray], u: np.ndarray) -> TermChange:
+        """For a late ``entry`` whose tensors to apply are ``now``: how tensor ``name``'s aggregate changes
+        when ``entry`` joins (``u``, from :meth:`fold_sum`, is the slot's sum before: the kept sum, or the
         canonical sum rebuilt here into the float64 ``u``). ``u`` is not changed here: the fold adds the
-        term (``protocol.ledger.outer.fold_change``), then :meth:`took` records the new sum."""
+        terms (``protocol.ledger.outer.fold_change``), then :meth:`took` records the new sum."""
         if name in self.kept and self.kept[name][0] is u:
             norm_old = self.kept[name][1]
         else:
             norm_old = accumulate_sorted(self.entries, self.config, {name: u})[name]
-        c = coefficient(entry, name, self.config)
-        norm = norm_with_term(u, x, c)
-        return TermChange(c=c, s_old=slot_scale(self.entries, name, self.config, norm_old),
-                          s_new=slot_scale([*self.entries, entry], name, self.config, norm), norm=norm)
+        old = tensor_terms(self.entries, name, self.config)
+        new = tensor_terms([*self.entries, entry], name, self.config)
+        terms: list[Term] = [
+            (e.deltas, new.coefficients[e.meta.update_id] - old.coefficients[e.meta.update_id])
+            for e in sorted(self.entries, key=lambda e: e.meta.update_id)
+            if new.coefficients[e.meta.update_id] != old.coefficients[e.meta.update_id]
+        ]
+        if (c := new.coefficients[entry.meta.update_id]) != 0.0:
+            terms.append((now, c))
+        norm = norm_with_terms(u, name, terms)
+        return TermChange(terms=tuple(terms), s_old=old.scale(norm_old), s_new=new.scale(norm), norm=norm)
 
     def took(self, name: str, u: np.ndarray, change: TermChange) -> None:
         """``u`` now holds the slot's sum with the late entry's term (:meth:`change_by`): keep it."""

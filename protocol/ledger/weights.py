@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger.config import ID_BYTES, LedgerConfig, UpdateMeta, Weighting
+from protocol.ledger.fields import MAX_COUNT
 
 __all__ = ["check_meta", "staleness", "update_weight"]
 
@@ -21,6 +22,8 @@ def check_meta(meta: UpdateMeta) -> None:
     for name in ("base_slot", "publish_slot", "tokens", "inner_steps"):
         if type(getattr(meta, name)) is not int:
             raise RemoteProtocolError(Reason.BAD_SCHEMA, f"{name} must be an int")
+        if getattr(meta, name) > MAX_COUNT:
+            raise RemoteProtocolError(Reason.BAD_SCHEMA, f"{name} must be at most 2^53")
     if meta.base_slot < 0 or meta.publish_slot < meta.base_slot:
         raise RemoteProtocolError(
             Reason.BAD_SLOT, f"need 0 ≤ base_slot ≤ publish_slot, got {meta.base_slot}, {meta.publish_slot}"

@@ -11,6 +11,7 @@ from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Aggregation, LedgerConfig, UpdateMeta, Weighting, aggregate, staleness, update_weight
 from protocol.ledger.aggregate import SlotEntry
 from protocol.ledger.chunks import CHUNK, copy_with_norm, tensor_norm
+from protocol.ledger.bound import check_claim
 from protocol.ledger.weights import check_meta
 
 
@@ -56,29 +57,37 @@ def test_bad_headers_are_remote_errors(bad, reason):
         check_meta(UpdateMeta(b"short", "x", 0, 0, 1, 1))
 
 
+UNBOUNDED = LedgerConfig(norm_clip=0.0)  # the aggregate's math without the norm bound (protocol.ledger.bound)
+
+
 def test_radial_directional_by_hand():
     # Δ1 = (3, 4) (norm 5), Δ2 = (0, 1) (norm 1), equal weights: mean norm 3, direction ∝ (0.6, 0.8) + (0, 1)
     es = [entry("a", 1.0, w=[3.0, 4.0]), entry("b", 1.0, w=[0.0, 1.0])]
-    g = aggregate(es, {"w": (2,)}, LedgerConfig())["w"]
+    g = aggregate(es, {"w": (2,)}, UNBOUNDED)["w"]
     d = np.array([0.6, 1.8])
     np.testing.assert_allclose(g, 3.0 * d / np.linalg.norm(d), rtol=1e-15)
     # weights 3:1 → mean norm (15 + 1)/4 = 4, direction ∝ 3·(0.6, 0.8) + (0, 1)
     es = [entry("a", 3.0, w=[3.0, 4.0]), entry("b", 1.0, w=[0.0, 1.0])]
-    g = aggregate(es, {"w": (2,)}, LedgerConfig())["w"]
+    g = aggregate(es, {"w": (2,)}, UNBOUNDED)["w"]
     d = np.array([1.8, 3.4])
     np.testing.assert_allclose(g, 4.0 * d / np.linalg.norm(d), rtol=1e-15)
+    # bounded: the lower median norm (by count, not weight) is b's 1, so a enters with norm τ = k·1:
+    # mean clipped norm (3·k + 1)/4, the same direction (a's unit vector is unchanged)
+    for k in (1.0, 2.0):
+        g = aggregate(es, {"w": (2,)}, LedgerConfig(norm_clip=k))["w"]
+        np.testing.assert_allclose(g, (3 * k + 1) / 4 * d / np.linalg.norm(d), rtol=1e-15)
 
 
 def test_mean_and_embeddings():
     es = [entry("a", 3.0, w=[3.0, 4.0], emb=[1.0]), entry("b", 1.0, w=[0.0, 1.0], emb=[5.0])]
     shapes = {"w": (2,), "emb": (1,)}
-    mean = aggregate(es, shapes, LedgerConfig(aggregation=Aggregation.MEAN))
+    mean = aggregate(es, shapes, LedgerConfig(aggregation=Aggregation.MEAN, norm_clip=0.0))
     np.testing.assert_allclose(mean["w"], [9.0 / 4, 13.0 / 4], rtol=1e-15)
     np.testing.assert_allclose(mean["emb"], [2.0], rtol=1e-15)
-    radial = aggregate(es, shapes, LedgerConfig(embeddings=frozenset({"emb"})))
+    radial = aggregate(es, shapes, LedgerConfig(embeddings=frozenset({"emb"}), norm_clip=0.0))
     np.testing.assert_allclose(radial["emb"], [2.0], rtol=1e-15)  # plain weighted mean
     # without the embedding exemption a 1-element tensor keeps its mean norm and the mean sign
-    np.testing.assert_allclose(aggregate(es, shapes, LedgerConfig())["emb"], [2.0], rtol=1e-15)
+    np.testing.assert_allclose(aggregate(es, shapes, UNBOUNDED)["emb"], [2.0], rtol=1e-15)
 
 
 def test_zero_and_empty_slots():
@@ -87,7 +96,9 @@ def test_zero_and_empty_slots():
     assert np.array_equal(aggregate([], shapes, LedgerConfig(aggregation="mean"))["w"], [0.0, 0.0])
     # a zero update adds no direction but halves the mean norm
     es = [entry("a", 1.0, w=[3.0, 4.0]), entry("b", 1.0, w=[0.0, 0.0])]
-    np.testing.assert_allclose(aggregate(es, shapes, LedgerConfig())["w"], [1.5, 2.0], rtol=1e-15)
+    np.testing.assert_allclose(aggregate(es, shapes, UNBOUNDED)["w"], [1.5, 2.0], rtol=1e-15)
+    # bounded, the zero update is the lower median: τ = 0 and the slot moves nothing
+    assert np.array_equal(aggregate(es, shapes, LedgerConfig())["w"], [0.0, 0.0])
     # opposite directions cancel exactly: zero aggregate, not NaN
     es = [entry("a", 1.0, w=[3.0, 4.0]), entry("b", 1.0, w=[-3.0, -4.0])]
     assert np.array_equal(aggregate(es, shapes, LedgerConfig())["w"], [0.0, 0.0])
@@ -105,7 +116,7 @@ def test_aggregate_bits_do_not_depend_on_entry_order(aggregation):
         )
         for i in range(5)
     ]
-    config = LedgerConfig(aggregation=aggregation)
+    config = LedgerConfig(aggregation=aggregation, norm_clip=0.0)
     first = aggregate(es, shapes, config)
     for perm in itertools.islice(itertools.permutations(es), 1, 30, 7):
         again = aggregate(list(perm), shapes, config)
@@ -135,3 +146,74 @@ def test_norms_and_copies():
     assert copy_with_norm(fortran)[0].flags.c_contiguous
     assert not math.isfinite(tensor_norm(np.array([1.0, np.nan], np.float32)))
     assert not math.isfinite(tensor_norm(np.array([np.inf], np.float32)))
+
+
+def test_one_update_per_origin_counts_the_smallest_id():
+    a1, a2 = meta("a1"), meta("a2")
+    first, second = sorted([a1, a2], key=lambda m: m.update_id)
+    same_origin = [
+        SlotEntry(UpdateMeta(first.update_id, "a", 0, 0, 100, 10), 1, 1.0, {"w": np.float32([[3.0, 4.0]])[0]}, {"w": 5.0}),
+        SlotEntry(UpdateMeta(second.update_id, "a", 0, 0, 100, 10), 1, 1.0, {"w": np.float32([[0.0, -9.0]])[0]}, {"w": 9.0}),
+    ]
+    alone = aggregate(same_origin[:1], {"w": (2,)}, LedgerConfig())["w"]
+    for order in (same_origin, same_origin[::-1]):
+        assert np.array_equal(aggregate(order, {"w": (2,)}, LedgerConfig())["w"], alone)
+    np.testing.assert_allclose(alone, [3.0, 4.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize("aggregation", list(Aggregation))
+def test_a_huge_update_counts_at_most_norm_clip_times_the_median(aggregation):
+    """Three honest updates and one ×10⁴, negated: the bounded slot moves the tensor by at most an honest
+    update's norm; unbounded, by ~2,500 of them."""
+    rng = np.random.default_rng(5)
+    honest = [rng.standard_normal(64) for _ in range(3)]
+    hostile = -1e4 * honest[0]
+    es = [entry(f"h{i}", 1.0, w=x) for i, x in enumerate(honest)] + [entry("evil", 1.0, w=hostile)]
+    honest_norm = max(float(np.linalg.norm(x)) for x in honest)
+    bounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation))["w"]
+    unbounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=0.0))["w"]
+    assert np.linalg.norm(bounded) <= honest_norm
+    assert np.linalg.norm(unbounded) >= 1000.0 * honest_norm
+    # an honest slot (norms within 2× of each other) is not changed by a bound of 2, bit for bit
+    assert aggregate(es[:3], {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=2.0))["w"].tobytes() == \
+        aggregate(es[:3], {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=0.0))["w"].tobytes()
+
+
+def test_claims_beyond_the_runs_work_are_refused():
+    config = LedgerConfig(tokens_per_step=512, max_inner_steps=50)
+    check_claim(meta(tokens=512 * 10, steps=10), config)
+    with pytest.raises(RemoteProtocolError) as err:
+        check_claim(meta(tokens=512 * 10 + 1, steps=10), config)
+    assert err.value.reason is Reason.BAD_CLAIM
+    with pytest.raises(RemoteProtocolError) as err:
+        check_claim(meta(tokens=512, steps=51), config)
+    assert err.value.reason is Reason.BAD_CLAIM
+    check_claim(meta(tokens=2**63, steps=10**9), LedgerConfig())  # unchecked when the run sets no limits
+
+
+def test_directions_that_cancel_make_a_short_step():
+    """An update and its negation (the hostile's view of an honest update): unbounded radial-directional
+    averaging would scale the leftover of the cancellation (float noise here) up to the mean norm; the
+    floor sqrt(Σ w²) keeps the step at the size of that leftover."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(256)
+    y = -x + 1e-3 * rng.standard_normal(256)  # nearly the negation
+    es = [entry("h", 1.0, w=x), entry("evil", 1.0, w=y)]
+    g = aggregate(es, {"w": (256,)}, LedgerConfig())["w"]
+    assert np.linalg.norm(g) <= 1e-2 * np.linalg.norm(x)
+    # agreeing updates (positive inner products) are not affected by the floor
+    es = [entry("h", 1.0, w=x), entry("k", 1.0, w=x + 0.5 * rng.standard_normal(256))]
+    bounded = aggregate(es, {"w": (256,)}, LedgerConfig(norm_clip=2.0))["w"]
+    assert bounded.tobytes() == aggregate(es, {"w": (256,)}, UNBOUNDED)["w"].tobytes()
+
+
+def test_counts_past_2_to_the_53_are_refused_where_they_are_read():
+    """A slot or token count that no honest run reaches, and whose arithmetic (powers, weights) would
+    overflow or round: refused in a header and in a snapshot field, never an OverflowError later."""
+    with pytest.raises(RemoteProtocolError) as err:
+        check_meta(meta(publish=2**64 - 1))
+    assert err.value.reason is Reason.BAD_SCHEMA
+    with pytest.raises(RemoteProtocolError) as err:
+        check_meta(meta(tokens=2**53 + 1))
+    assert err.value.reason is Reason.BAD_SCHEMA
+    check_meta(meta(tokens=2**53))

@@ -71,12 +71,12 @@ def test_fold_change_applies_the_aggregate_difference(v_coef, theta_coef):
     shape = (3, CHUNK // 2 + 5)
     u_old = rng.standard_normal(shape)
     x = rng.standard_normal(shape).astype(np.float32)
-    change = TermChange(c=0.3, s_old=0.8, s_new=0.6)
+    change = TermChange(terms=(({"x": x}, 0.3),), s_old=0.8, s_new=0.6)
     u_new = u_old + 0.3 * x.astype(np.float64)
     delta = change.s_new * u_new - change.s_old * u_old
     theta, v = rng.standard_normal(shape), rng.standard_normal(shape)
     t, vv, u = theta.copy(), v.copy(), u_old.copy()
-    fold_change(t, vv, u, x, change, v_coef, theta_coef)
+    fold_change(t, vv, u, "x", change, v_coef, theta_coef)
     np.testing.assert_allclose(vv, v + v_coef * delta, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(t, theta - theta_coef * delta, rtol=1e-13, atol=1e-13)
     np.testing.assert_array_equal(u, u_new)  # the slot's sum took the update in the same pass
@@ -89,8 +89,8 @@ def test_a_light_slot_taking_a_heavy_update_folds_without_losing_digits():
     rng = np.random.default_rng(2)
     x_old, x = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
     u = x_old.astype(np.float32) * np.float32(1.0)  # mean aggregation: c = w; the slot held one update, w = 1
-    change = TermChange(c=1000.0, s_old=1.0, s_new=1.0 / 1001.0)
+    change = TermChange(terms=(({"x": x}, 1000.0),), s_old=1.0, s_new=1.0 / 1001.0)
     exact = (x_old.astype(np.float64) + 1000.0 * x) / 1001.0 - x_old
     theta, v = np.zeros(1000, np.float32), np.zeros(1000, np.float32)
-    fold_change(theta, v, u, x, change, 1.0, 1.0)
+    fold_change(theta, v, u, "x", change, 1.0, 1.0)
     assert np.max(np.abs(v - exact)) <= 4e-7 * np.max(np.abs(exact))

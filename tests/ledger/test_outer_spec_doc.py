@@ -50,7 +50,7 @@ class Example:
         cfg = rows(inputs)
         self.config = {k: v[0] for k, v in cfg.items() if k in {
             "window", "lr", "momentum", "staleness_alpha", "weighting", "aggregation", "embeddings",
-            "stale_policy", "max_future_slots"}}
+            "stale_policy", "max_future_slots", "norm_clip"}}
         self.theta0 = {m[1]: np.array(m[2].split(), F32).reshape(tuple(int(d) for d in m[3].split(",") if d.strip()))
                        for m in re.finditer(r"^θ_0\[(\w+)\]\s+(.*?)\s+shape \(([\d, ]*)\)$", inputs, re.M)}
         self.updates = {}
@@ -122,6 +122,7 @@ class Spec:
         c = ex.config
         self.ex, self.window, self.lr, self.mu = ex, int(c["window"]), float(c["lr"]), float(c["momentum"])
         self.alpha, self.ahead = float(c["staleness_alpha"]), int(c["max_future_slots"])
+        self.clip = float(c["norm_clip"])
         self.embeddings = set(c["embeddings"].strip("[]").split(","))
         self._norms: dict[tuple[str, str], float] = {}
         assert c["weighting"] == "tokens" and c["aggregation"] == "radial-directional" and c["stale_policy"] == "apply"
@@ -136,30 +137,57 @@ class Spec:
         u = self.ex.updates[tag]
         return float(u["tokens"]) * (1.0 + (slot - 1 - u["base"])) ** -self.alpha
 
-    def coefficient(self, tag: str, w: float, name: str) -> float:
+    def origin(self, tag: str) -> str:
+        return self.ex.updates[tag].get("origin", tag)
+
+    def uid(self, tag: str) -> bytes:
+        return self.ex.updates[tag]["id"]
+
+    def counted(self, entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """Per origin, the update with the smallest id; in id order."""
+        first: dict[str, tuple[str, float]] = {}
+        for tag, w in sorted(entries, key=lambda e: self.uid(e[0])):
+            first.setdefault(self.origin(tag), (tag, w))
+        return sorted(first.values(), key=lambda e: self.uid(e[0]))
+
+    def bound(self, entries: list[tuple[str, float]], name: str) -> float:
+        """τ: norm_clip × the lower median (by count) of the counted updates' norms."""
+        counted = self.counted(entries)
+        if self.clip == 0.0 or not counted:
+            return math.inf
+        ranked = sorted(counted, key=lambda e: (self.norm(e[0], name), self.uid(e[0])))
+        return self.clip * self.norm(ranked[(len(ranked) - 1) // 2][0], name)
+
+    def coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
+        """c_i of ``tag`` (weight ``w``) in a slot holding ``entries`` (``tag`` among them)."""
+        if (tag, w) not in self.counted(entries):
+            return 0.0
+        n, tau = self.norm(tag, name), self.bound(entries, name)
         if name in self.embeddings:
-            return w
-        n = self.norm(tag, name)
+            return w if n <= tau else w * (tau / n)
         return w / n if n > 0.0 else 0.0
 
     def accumulate(self, entries: list[tuple[str, float]], name: str) -> np.ndarray:
         u = None
-        for tag, w in sorted(entries, key=lambda e: self.ex.updates[e[0]]["id"]):
-            c = self.coefficient(tag, w, name)
+        for tag, w in sorted(entries, key=lambda e: self.uid(e[0])):
+            c = self.coefficient(tag, w, name, entries)
             if c != 0.0:
                 x = self.ex.updates[tag]["delta"][name].astype(F64).reshape(-1)
                 u = x * F64(c) if u is None else u + x * F64(c)
         return np.zeros(self.ex.theta0[name].size) if u is None else u
 
     def scale(self, entries: list[tuple[str, float]], name: str, u_norm: float) -> float:
-        if not entries:
+        counted = self.counted(entries)
+        if not counted:
             return 0.0
-        total = math.fsum(w for _, w in entries)
+        total = math.fsum(w for _, w in counted)
         if name in self.embeddings:
             return 1.0 / total
         if u_norm <= 0.0:
             return 0.0
-        return math.fsum(w * self.norm(t, name) for t, w in entries) / total / u_norm
+        tau = self.bound(entries, name)
+        floor = math.sqrt(math.fsum(w * w for t, w in counted if self.norm(t, name) > 0.0)) if self.clip else 0.0
+        return math.fsum(w * min(self.norm(t, name), tau) for t, w in counted) / total / max(u_norm, floor)
 
     def aggregate(self, entries: list[tuple[str, float]], name: str) -> tuple[np.ndarray, float, float, np.ndarray]:
         u = self.accumulate(entries, name)
@@ -215,7 +243,7 @@ def test_the_worked_example_follows_from_the_written_definitions() -> None:
     assert ex.f64("w_i (B, A)") == [w["B"], w["A"]]
     for name in names:
         assert ex.f64(f"‖Δ_i[{name}]‖ (B, A)") == [norm(d["B"][name]), norm(d["A"][name])]
-        assert ex.f64(f"c_i[{name}] (B, A)") == [spec.coefficient(t, w[t], name) for t in "BA"]
+        assert ex.f64(f"c_i[{name}] (B, A)") == [spec.coefficient(t, w[t], name, s1) for t in "BA"]
         u, un, s, g = spec.aggregate(s1, name)
         assert ex.f64(f"U_1[{name}]") == u.tolist()
         assert ex.f64(f"‖U_1[{name}]‖") == [un]
@@ -239,7 +267,9 @@ def test_the_worked_example_follows_from_the_written_definitions() -> None:
     assert ex.f64("μ^(n−r)") == [mu ** (2 - 1)]
     assert ex.f64("K") == [math.fsum([eta * (1.0 + mu), eta * mu ** 2])]
     for name in names:
-        c = spec.coefficient("C", wc, name)
+        c = spec.coefficient("C", wc, name, s1c)
+        assert [spec.coefficient(t, w[t], name, s1c) for t in "BA"] == \
+            [spec.coefficient(t, w[t], name, s1) for t in "BA"]  # C moves no other coefficient
         s_old = spec.aggregate(s1, name)[2]
         u_new = spec.accumulate(s1, name) + d["C"][name].astype(F64).reshape(-1) * F64(c)
         s_new = spec.scale(s1c, name, norm(u_new))
@@ -271,7 +301,8 @@ def ledger_config() -> LedgerConfig:
     return LedgerConfig(window=int(c["window"]), lr=float(c["lr"]), momentum=float(c["momentum"]),
                         staleness_alpha=float(c["staleness_alpha"]), weighting=c["weighting"],
                         aggregation=c["aggregation"], embeddings=frozenset(c["embeddings"].strip("[]").split(",")),
-                        stale_policy=c["stale_policy"], max_future_slots=int(c["max_future_slots"]))
+                        stale_policy=c["stale_policy"], max_future_slots=int(c["max_future_slots"]),
+                        norm_clip=float(c["norm_clip"]))
 
 
 def meta(tag: str) -> UpdateMeta:
@@ -350,30 +381,42 @@ def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
     shapes = {"emb": (3, 50_000), "t": (2 * CHUNK + 18_929,)}
     theta0 = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
     updates = {tag: dict(id=bytes([byte]) * 32, base=base, publish=publish, tokens=tokens, steps=10,
-                         delta={n: (rng.standard_normal(s) * 10.0 ** rng.integers(-3, 3, s)).astype(F32)
+                         origin=origin or tag,
+                         delta={n: (rng.standard_normal(s) * 10.0 ** rng.integers(-3, 3, s) * scale).astype(F32)
                                 for n, s in shapes.items()})
-               for tag, byte, base, publish, tokens in [("a", 5, 0, 0, 700), ("b", 1, 0, 0, 1300), ("c", 9, 0, 0, 400),
-                                                        ("d", 3, 0, 1, 900), ("e", 7, 1, 1, 1100)]}
+               for tag, byte, base, publish, tokens, scale, origin in [
+                   ("a", 5, 0, 0, 700, 1.0, None), ("b", 1, 0, 0, 1300, 1.0, None), ("c", 9, 0, 0, 400, 1.0, None),
+                   ("d", 3, 0, 1, 900, 1.0, None), ("e", 7, 1, 1, 1100, 1.0, None),
+                   ("f", 2, 1, 1, 800, 1e4, None),  # ×10⁴: clipped to τ
+                   ("g", 4, 1, 1, 900, 1.0, "d"),  # d's origin again, a larger id: does not count
+                   ("h", 6, 1, 1, 1000, 1.0, "e")]}  # e's origin again, a smaller id: displaces e when it lands
     config = dict(window="3", lr="0.7", momentum="0.9", staleness_alpha="0.5", weighting="tokens",
-                  aggregation="radial-directional", embeddings="[emb]", stale_policy="apply", max_future_slots="64")
+                  aggregation="radial-directional", embeddings="[emb]", stale_policy="apply", max_future_slots="64",
+                  norm_clip="2.0")
     spec = Spec(SimpleNamespace(theta0=theta0, updates=updates, config=config))
     led = Ledger(theta0, LedgerConfig(window=3, lr=0.7, momentum=0.9, staleness_alpha=0.5,
-                                      embeddings=frozenset({"emb"})))
+                                      embeddings=frozenset({"emb"}), norm_clip=2.0))
+    tag_of = {u["id"]: tag for tag, u in updates.items()}
 
     def add(tag: str) -> str:
         u = updates[tag]
-        meta = UpdateMeta(u["id"], tag, u["base"], u["publish"], u["tokens"], u["steps"])
+        meta = UpdateMeta(u["id"], u["origin"], u["base"], u["publish"], u["tokens"], u["steps"])
         return led.add(meta, {n: x.copy() for n, x in u["delta"].items()}).value
 
     zero = {n: np.zeros_like(a) for n, a in theta0.items()}
     slot1 = [(t, spec.weight(t, 1)) for t in "ab"]
-    slot2 = [(t, spec.weight(t, 2)) for t in "de"]
+    slot2 = [(t, spec.weight(t, 2)) for t in "defg"]
     assert [add("a"), add("b")] == ["applied-open"] * 2
     led.close_slot()
     th1, v1 = spec.step(theta0, zero, slot1, 1)
     assert all(bits(led.params()[n]) == bits(th1[n]) and bits(led.momentum()[n]) == bits(v1[n]) for n in shapes)
-    assert [add("d"), add("e"), add("c")] == ["applied-open", "applied-open", "folded-late"]
+    assert [add(t) for t in "defgc"] == ["applied-open"] * 4 + ["folded-late"]
     led.close_slot()
+    assert add("h") == "folded-late"  # into slot 2, now the newest closed slot: e's coefficients go to 0
+    slot2.append(("h", spec.weight("h", 2)))
+    assert {n: spec.coefficient("f", spec.weight("f", 2), n, slot2) for n in shapes}["emb"] < \
+        spec.weight("f", 2) / 1000.0  # f's embedding is clipped far below its weight
+    assert spec.coefficient("e", spec.weight("e", 2), "t", slot2) == 0.0
     th1c, v1c = spec.step(theta0, zero, slot1 + [("c", spec.weight("c", 1))], 1)
     th2c, v2c = spec.step(th1c, v1c, slot2, 2)
     cfg = led.config
@@ -387,7 +430,7 @@ def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
         assert np.max(np.abs(working - th2c[n])) <= 1e-6 * np.max(np.abs(th2c[n]))
     # every update's norms are the written ones, and this data tells them from near misses: a sequential
     # sum of squares, one pairwise sum over the whole tensor, chunk sums added without fsum
-    assert {(e.meta.origin, n): e.norms[n] for e in led.entries() for n in shapes} == \
+    assert {(tag_of[e.meta.update_id], n): e.norms[n] for e in led.entries() for n in shapes} == \
         {(t, n): spec.norm(t, n) for t in updates for n in shapes}
     squares = {(t, n): (u["delta"][n].astype(F64).reshape(-1) ** 2).tolist()
                for t, u in updates.items() for n in shapes}

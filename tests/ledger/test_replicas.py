@@ -34,6 +34,7 @@ def cases(draw):
         weighting=draw(st.sampled_from(list(Weighting))),
         embeddings=frozenset({"emb"}),
         lr_schedule=draw(st.sampled_from([None, lambda t: 0.7 / (1.0 + 0.05 * t)])),
+        norm_clip=draw(st.sampled_from([0.0, 2.0])),
     )
     slots = draw(st.integers(1, 7))
     origins = draw(st.integers(2, 4))
@@ -41,11 +42,11 @@ def cases(draw):
     rng = np.random.default_rng(seed)
     updates = []
     for r in range(1, slots + 1):
-        for o in range(origins):
-            if rng.random() < 0.75:
+        for o, copy in [(o, 0) for o in range(origins)] + [(0, 1)]:  # origin 0 may send two (one counts)
+            if rng.random() < (0.75 if copy == 0 else 0.15):
                 stale = int(rng.integers(0, min(r - 1, 3) + 1))
                 meta = UpdateMeta(
-                    hashlib.sha256(f"{seed}/{o}/{r}".encode()).digest(),
+                    hashlib.sha256(f"{seed}/{o}/{r}/{copy}".encode()).digest(),
                     f"peer{o}",
                     r - 1 - stale,
                     r - 1,
@@ -115,9 +116,13 @@ def test_replicas_agree_whatever_the_order(case, order_seed):
         assert led.params_digest() == ref.params_digest()  # the canonical state, bit for bit
         # The working state: late folds round in arrival order, in the float32 state and the newest slot's
         # float32 sum (~1e-7 of the slot's aggregate per fold; momentum, a sum of aggregates of both signs,
-        # can be much smaller than one of them), hence a bound well above float32's epsilon.
-        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= 1e-4
-        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= 1e-4
+        # can be much smaller than one of them), hence a bound well above float32's epsilon. With the norm
+        # bound, a late update can also *shrink* a slot's aggregate by up to the spread of the updates'
+        # norms (here 10⁴: it reveals that a norm already applied is an outlier); the float32 state keeps
+        # its rounding of the larger value (~6e-8 × 10⁴ of the result), hence 1e-3 then.
+        tolerance = 1e-4 if case.config.norm_clip == 0.0 else 1e-3
+        assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= tolerance
+        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= tolerance
         assert led.ledger_digest() == ref.ledger_digest()
         assert sum(led.counters[k] for k in ("applied-open", "folded-late", "held-future")) == len(case.updates)
         assert led.counters["applied-stale"] == led.counters["dropped-stale"] == led.counters["duplicate"] == 0

@@ -81,6 +81,8 @@ BAD = [
     ("negative applied_tokens", lambda raw: mutate(raw, set_("applied_tokens", -1))),
     ("negative slot", lambda raw: mutate(raw, set_("slot", -1))),
     ("bool slot", lambda raw: mutate(raw, set_("slot", True))),
+    ("slot 2^64 - 1", lambda raw: mutate(raw, set_("slot", 2**64 - 1))),  # overflowed later in join and repair
+    ("entry tokens 2^64 - 1", lambda raw: mutate(raw, lambda d: d["entries"][0].__setitem__(4, 2**64 - 1))),
     ("base above slot", lambda raw: mutate(raw, set_("base_slot", 99))),
     ("short chain", lambda raw: mutate(raw, set_("chain", b"x"))),
     ("ragged seen", lambda raw: mutate(raw, lambda d: d.__setitem__("seen", d["seen"][:-1]))),

@@ -42,6 +42,8 @@ async def test_a_hint_queues_a_connected_peer_and_refuses_anything_else(tmp_path
                 assert bad.status_code == 400 and "bad compare request" in bad.text
                 wrong = await client.post(f"{a.http_url}{COMPARE_PATH}", json={"peer": 7})
                 assert wrong.status_code == 400
+                deep = await client.post(f"{a.http_url}{COMPARE_PATH}", content=b"[" * 30_000 + b"]" * 30_000)
+                assert deep.status_code == 400 and "nested too deeply" in deep.text  # not a 500
             await b.close()
             await a.close()
     assert not await send_fork_hint("127.0.0.1:9", "x"), "nobody listening: False, no exception"

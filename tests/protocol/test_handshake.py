@@ -79,3 +79,29 @@ def test_transcript_is_role_ordered():
     assert signing.hello_transcript(a, b) != signing.hello_transcript(b, a)
     assert signing.hello_transcript(a, b).startswith(b"diloco/v1:hello_proof:")
     assert wire.decode(wire.encode(signing.make_hello_proof(ALICE, a, b))).peer_id == ALICE.peer_id
+
+
+def test_a_peer_with_another_run_configuration_is_refused_with_the_fields_named():
+    from protocol.runconfig import config_hash, encode_config
+
+    ours_cfg = encode_config({"inner.lr": 0.003, "outer.window": 8, "model.d_model": 64, "outer.embeddings": ("e",)})
+    theirs_cfg = encode_config({"inner.lr": 0.5, "outer.window": 8, "model.d_model": 64, "outer.embeddings": ("e",)})
+    assert ours_cfg == "inner.lr=0.003\nmodel.d_model=64\nouter.embeddings=[\"e\"]\nouter.window=8\n"  # canonical
+    ours = dataclasses.replace(_hello(ALICE), run_config=ours_cfg)
+    same = dataclasses.replace(_hello(BOB), run_config=ours_cfg)
+    signing.check_hello(same, ours)
+    with pytest.raises(RemoteProtocolError) as info:
+        signing.check_hello(dataclasses.replace(_hello(BOB), run_config=theirs_cfg), ours)
+    assert info.value.reason is Reason.CONFIG_MISMATCH
+    assert "inner.lr: ours 0.003, theirs 0.5" in info.value.detail and "window" not in info.value.detail
+    missing = encode_config({"inner.lr": 0.003})
+    with pytest.raises(RemoteProtocolError) as info:
+        signing.check_hello(dataclasses.replace(_hello(BOB), run_config=missing), ours)
+    assert "model.d_model: ours 64, theirs absent" in info.value.detail
+    assert _reason(signing.check_hello, dataclasses.replace(_hello(BOB), run_config="garbage"), ours) == Reason.BAD_SCHEMA
+    assert _reason(signing.check_hello, _hello(BOB), ours) == Reason.CONFIG_MISMATCH  # none declared
+    # the field travels in the frame and its hash is stable
+    wire_hello = Validator(RUN_ID).validate(encode_frame(ours)[4:], NOW)
+    assert wire_hello.run_config == ours_cfg
+    assert config_hash(ours_cfg) == config_hash(encode_config(dict(reversed(list({
+        "inner.lr": 0.003, "outer.window": 8, "model.d_model": 64, "outer.embeddings": ("e",)}.items())))))

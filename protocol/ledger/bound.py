@@ -1,0 +1,66 @@
+"""Bounded influence of any one update on a slot's aggregate (a pure function of the slot's set).
+
+A validly signed update can carry any values. Three rules keep one hostile update, or one hostile node
+publishing every round, from moving the model more than an honest update would:
+
+* **Claimed work is checked** (:func:`check_claim`): ``inner_steps ≤ max_inner_steps`` and
+  ``tokens ≤ tokens_per_step × inner_steps`` when the run configures them, so a token-weighted update
+  cannot outweigh an honest full round.
+* **One update per origin per slot** (:func:`counted`): of the updates one origin has in a slot, only the
+  one with the smallest ``update_id`` counts; the others stay in the set (so every replica still holds
+  the same set and digests) with no weight. Arrival order cannot matter: the smallest id of a set is a
+  function of the set.
+* **Norms are clipped to a robust bound** (:func:`norm_bound`): per tensor, ``τ = norm_clip ×`` the
+  lower median of the counted updates' norms (the ``⌈m/2⌉``-th smallest of ``m``). An update larger than
+  ``τ`` enters with norm ``τ``. While hostile updates are fewer than half the slot's origins, the median
+  is an honest norm, so a ×10⁴ update counts as at most ``norm_clip`` honest ones in norm, and its
+  direction at its (capped) token weight. The median counts origins, not tokens: a weighted median
+  would let a hostile update that claims a full round outweigh an honest short round (measured: with two
+  updates in a slot at close, the hostile one set ``τ`` and every honest replica took a ×10⁴ step).
+
+``norm_clip = 0`` disables the clip (the aggregate is then the unbounded one of earlier versions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from protocol.errors import RemoteProtocolError, Reason
+from protocol.ledger.config import LedgerConfig, UpdateMeta
+
+if TYPE_CHECKING:
+    from protocol.ledger.aggregate import SlotEntry
+
+__all__ = ["check_claim", "counted", "norm_bound"]
+
+
+def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
+    """Refuse a header that claims more work than the run allows (``BAD_CLAIM``; the sender signed it)."""
+    if config.max_inner_steps is not None and meta.inner_steps > config.max_inner_steps:
+        raise RemoteProtocolError(
+            Reason.BAD_CLAIM, f"inner_steps {meta.inner_steps} > the run's {config.max_inner_steps}"
+        )
+    if config.tokens_per_step is not None and meta.tokens > config.tokens_per_step * meta.inner_steps:
+        raise RemoteProtocolError(
+            Reason.BAD_CLAIM,
+            f"tokens {meta.tokens} > {config.tokens_per_step} per step × {meta.inner_steps} steps",
+        )
+
+
+def counted(entries: Sequence[SlotEntry]) -> list[SlotEntry]:
+    """The entries that count, in ascending ``update_id`` order: per origin, the smallest id."""
+    first: dict[str, SlotEntry] = {}
+    for e in sorted(entries, key=lambda e: e.meta.update_id):
+        first.setdefault(e.meta.origin, e)
+    return sorted(first.values(), key=lambda e: e.meta.update_id)
+
+
+def norm_bound(entries: Sequence[SlotEntry], name: str, config: LedgerConfig) -> float:
+    """``τ`` of tensor ``name`` over the *counted* ``entries`` (``inf`` when the clip is off or there are
+    none): ``norm_clip ×`` their lower median norm, ties in norm ordered by ``update_id``."""
+    if config.norm_clip == 0.0 or not entries:
+        return math.inf
+    ranked = sorted(entries, key=lambda e: (e.norms[name], e.meta.update_id))
+    return config.norm_clip * ranked[(len(ranked) - 1) // 2].norms[name]

@@ -1,0 +1,89 @@
+"""`python -m testnet.bench hostile`: one hostile peer of four against the honest-only run, and what the
+bound costs an honest run (issue "Trust in a running training").
+
+Runs, all the same length, seed and schedule (the preset's), one after the other:
+
+* honest-only: the honest nodes alone (``--nodes − 1``), with the default bound;
+* honest-only without the bound (``--norm-clip 0``): the bound's cost is the first ÷ this;
+* for each hostile kind (``--kinds``, default all of `node.chaos.Poison.KINDS`): the honest nodes plus one
+  node publishing, every round, ``negate`` (−10⁴ × its Δ), ``scale`` (+10⁴ ×), ``random`` (a random
+  direction with 10⁴ × the norm), each claiming the most tokens the run allows, or ``tokens`` (−10⁴ ×,
+  claiming 2⁴⁰ tokens: refused as ``bad_claim``);
+* ``--unbounded-attack``: also the ``negate`` attack against nodes without the bound (the damage the bound
+  prevents; the issue measured held-out bpb in the thousands).
+
+Figures: the honest nodes' held-out bits per byte, mean of their evaluations in the last 20% of each run
+(same wall time) and around the same token count (as the goodput benchmark), each ÷ the honest-only
+run's. A run in which every node failed (diverged to non-finite parameters) is reported as such.
+`--from-runs DIR...` recomputes the table from earlier run directories, given in the order above. On
+this shared 2-core machine the hostile node also takes CPU from the honest ones, so at equal
+wall time the hostile runs trained fewer honest tokens: the equal-token figure is the fairer one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from node.chaos import Poison
+from testnet.cli import Options
+from testnet.outcome import RunFailed
+
+__all__ = ["bench_hostile", "plan"]
+
+
+def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
+    """The runs of one invocation, the honest-only reference first."""
+    honest = a.nodes - 1
+    common = dict(minutes=a.minutes, seed=a.seed, baseline=False, out=a.out, progress="plain", model=a.model,
+                  inner_steps=a.inner_steps)
+    runs = [("honest only", Options(nodes=honest, **common)),
+            ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
+    for kind in a.kinds or list(Poison.KINDS):
+        runs.append((f"1 hostile of {a.nodes}: {kind}",
+                     Options(nodes=a.nodes, misbehave=(f"{honest}:poison:{kind}",), **common)))
+    if a.unbounded_attack:
+        runs.append((f"1 hostile of {a.nodes}: negate, no bound",
+                     Options(nodes=a.nodes, misbehave=(f"{honest}:poison:negate",), node_args=("--norm-clip", "0"),
+                             **common)))
+    return runs
+
+
+def bench_hostile(a: argparse.Namespace, run: Callable[[Options], dict[str, Any]],
+                  reload: Callable[[Path], dict[str, Any]],
+                  compare: Callable[[dict, dict], tuple[tuple[Any, Any], tuple[Any, Any], float]]) -> None:
+    """Run (or, with `--from-runs`, reload in the order of `plan`) and print the table."""
+    runs = plan(a)
+    if a.from_runs and len(a.from_runs) != len(runs):
+        raise SystemExit(f"--from-runs: {len(runs)} run directories expected ({', '.join(l for l, _ in runs)})")
+    results: list[tuple[str, dict[str, Any] | str]] = []
+    for i, (label, options) in enumerate(runs):
+        try:
+            results.append((label, reload(Path(a.from_runs[i])) if a.from_runs else run(options)))
+        except RunFailed as exc:  # e.g. every node diverged to non-finite parameters
+            results.append((label, f"failed: {exc}"))
+    reference = results[0][1]
+    if isinstance(reference, str):
+        raise SystemExit(f"the honest-only run {reference}")
+    print(f"\n== hostile peer: {a.nodes - 1} honest nodes, {a.minutes:g} min per run, H={a.inner_steps}, "
+          f"seed {a.seed}; honest-only run {reference['run_dir']}")
+    print(f"{'run':<40} {'bpb, last 20%':>13} {'÷ honest':>9} {'bpb, eq. tokens':>15} {'÷ honest':>9}  rejected; run")
+    for label, r in results:
+        if isinstance(r, str):
+            print(f"{label:<40} {r}")
+            continue
+        (end_ref, end_r), (at_ref, at_r), _ = compare(reference, r)
+        total = r.get("rejections", {}).get("total") or {}
+        rejected = ",".join(f"{k}:{v}" for k, v in sorted(total.items())) or "0"
+        print(f"{label:<40} {_fmt(end_r):>13} {_ratio(end_r, end_ref):>9} {_fmt(at_r):>15} {_ratio(at_r, at_ref):>9}"
+              f"  {rejected}; {r['run_dir']}")
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _ratio(x: float | None, ref: float | None) -> str:
+    return "n/a" if x is None or not ref else f"{x / ref:.4f}"

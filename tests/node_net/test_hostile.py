@@ -1,0 +1,62 @@
+"""Tier (c): one hostile peer cannot wreck a run. Three honest nodes train a fixed number of rounds, alone and
+then with a fourth node whose key is valid and which publishes, every round, its own update negated and
+scaled ×10⁴, claiming the most tokens the run allows (`--misbehave poison:negate`). The honest nodes'
+held-out loss at the end must stay within `TOLERANCE` of the honest-only run's; and an update claiming 2⁴⁰
+tokens is refused by every honest node as `bad_claim`.
+
+At this test's small model and length the attacked run ends ~1% above the honest-only one (one run each:
+4.178 vs 4.130 bits/byte). On the `tiny` preset over 2.5 minutes the gap is 10–13% (BENCHMARKS.md, "Hostile
+peer": the negated direction still cancels part of the honest ones at its token weight), so this test
+guards the bound, not the issue's 5% claim at every scale. Without the bound the loss goes to ~10⁹.
+
+Before the bound (`protocol.ledger.bound`) the same attack took the honest nodes' held-out loss from ~4
+to thousands of bits per byte within two rounds (issue "Trust in a running training").
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+ROUNDS = 24
+# --slowdown stretches the inner steps (a sleep, no CPU) to ~2 s rounds, so every node has joined long before
+# the first ones finish (without it the first two ran their 24 rounds before the last one started, and the
+# late one then shared the run with the hostile node alone, a hostile half the bound is not meant for)
+COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "4", "--eval-batches", "4",
+          "--eval-budget", "1", "--drain-timeout", "20", "--checkpoint-interval", "0", "--max-rounds", str(ROUNDS),
+          "--slowdown", "40"]
+TOLERANCE = 0.05
+START_S = 180.0
+
+
+def _run(cluster, prefix: str, hostile: str | None) -> float:
+    """Run three honest nodes (and a hostile one) to the end; the honest nodes' mean final held-out bpb."""
+    a = cluster(f"{prefix}a", *COMMON)
+    a.wait_listening(START_S)
+    honest = [a] + [cluster(f"{prefix}{n}", *COMMON, "--peers", a.gossip) for n in "bc"]
+    evil = cluster(f"{prefix}h", *COMMON, "--misbehave", hostile, "--peers", a.gossip) if hostile else None
+    for node in honest[1:] + ([evil] if evil else []):
+        node.wait_listening(START_S)
+    finals = []
+    for node in honest:
+        assert node.wait_exit(300.0) == 0, node.log_tail()
+        log = node.log_path.read_text()
+        evaluations = [float(x) for x in re.findall(r"held-out ([0-9.]+) bits/byte", log)]
+        assert len(evaluations) >= 3, log[-2000:]
+        finals.append(statistics.mean(evaluations[-2:]))
+        if hostile == "poison:tokens":
+            assert "bad_claim" in log, "the inflated claim is refused, with its reason"
+    if evil is not None:
+        evil.kill()
+    return statistics.mean(finals)
+
+
+def test_a_hostile_peer_publishing_negated_scaled_updates_does_not_set_the_honest_nodes_back(cluster) -> None:
+    honest_only = _run(cluster, "clean-", None)
+    attacked = _run(cluster, "attacked-", "poison:negate")
+    assert attacked <= honest_only * (1 + TOLERANCE), (
+        f"held-out bpb with a hostile peer {attacked:.4f}, honest only {honest_only:.4f}")
+
+
+def test_an_update_claiming_more_tokens_than_the_run_allows_is_refused(cluster) -> None:
+    _run(cluster, "claim-", "poison:tokens")
