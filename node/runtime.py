@@ -109,6 +109,7 @@ class NodeRuntime:
         self._stop_event = trio.Event()
         self._sync_scope: trio.CancelScope | None = None
         self._resync = False  # set when peers' updates are too far ahead to hold
+        self._far_ahead: set[str] = set()  # origins of updates refused as too far ahead since the last resync
         self._repaired: set[tuple[str, str]] = set()  # (peer, drain state) pulled from at the end
         self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
@@ -227,7 +228,7 @@ class NodeRuntime:
                               listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                               advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                               advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                              accept=accept_hook(self.shapes), run_config=self.run_config)
+                              accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config)
 
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
@@ -413,7 +414,12 @@ class NodeRuntime:
             log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,
                         delivery.source, exc)
             if exc.reason is Reason.BAD_SLOT and meta.target_slot > self.replica.slot:
-                self._resync = True  # too far behind to hold their updates: sync again between rounds
+                # too far behind to hold their updates: sync again between rounds — once two origins (or
+                # every peer, if fewer) are that far ahead, so one signed header that jumps ahead cannot
+                # send every node to download the whole state (the catch-up rule's quorum)
+                self._far_ahead.add(header.origin)
+                if len(self._far_ahead) >= min(2, max(1, len(self.host.connected_peers()))):
+                    self._resync, self._far_ahead = True, set()
             return
         now = self.host.now()
         self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))

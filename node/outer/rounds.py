@@ -313,7 +313,7 @@ class Rounds:
         self._count(result)
         log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes): %s",
                  self.stats.round, result.steps, result.mean_loss, result.seconds, signed.message_id.hex()[:16],
-                 base_slot, meta.target_slot, len(payload), outcome.value)
+                 base_slot, meta.target_slot, len(payload), outcome.value if outcome else "refused")
         if self.misbehave is not None:
             await self.misbehave.act(base_slot, publish_slot)
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
@@ -341,9 +341,9 @@ class Rounds:
         stored = Payload(Codec(codec), data)
         try:
             outcome, _ = await self.replica.add(update_meta(signed), PayloadDeltas(stored, self.shapes), stored)
-        except RemoteProtocolError as exc:
+        except RemoteProtocolError as exc:  # e.g. poison:tokens' claim: refused here as by every peer
             log.warning("chaos: own poisoned update refused here too: %s", exc)
-            outcome = Outcome.DUPLICATE
+            outcome = None
         honest = Payload(self.feedback.codec, payload)
         return signed, outcome, PayloadDeltas.measured(honest, self.shapes, norms)
 

@@ -20,7 +20,9 @@ from node.outer.outer_files import drop_pages, map_blob
 from protocol.compression import ErrorFeedback, payload_size
 from protocol.compression.formats import as_codec_remote
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import Payload, PayloadDeltas, UpdateMeta
+from protocol.ledger import LedgerConfig, Payload, PayloadDeltas, UpdateMeta
+from protocol.ledger.bound import check_claim
+from protocol.ledger.weights import check_meta
 from protocol.ledger.chunks import tensor_norm
 from protocol.messages import Signed, UpdateHeader
 
@@ -48,15 +50,23 @@ def check_header(header: UpdateHeader, shapes: Shapes) -> None:
         raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"tensors {names}… do not match the model")
 
 
-def accept_hook(shapes: Shapes) -> Callable[[Signed], None]:
-    """For `HostConfig.accept`: refuse update headers for another model before fetching their payload."""
+def accept_hook(shapes: Shapes, ledger: LedgerConfig | None = None) -> Callable[[Signed], None]:
+    """For `HostConfig.accept`: refuse, from the header alone, an update for another model, with impossible
+    slots or counts, or claiming more work than the run allows (`ledger`'s limits: `bad_claim`) — before
+    its payload is fetched and before it is forwarded, so the peer that sent it is the one penalised."""
     expected = shapes_field(shapes)
 
     def accept(signed: Signed) -> None:
         body = signed.body
-        if isinstance(body, UpdateHeader) and body.shapes != expected:
+        if not isinstance(body, UpdateHeader):
+            return
+        if body.shapes != expected:
             raise RemoteProtocolError(Reason.SHAPE_MISMATCH,
                                       f"update {signed.message_id.hex()[:12]} is for another model")
+        if ledger is not None:
+            meta = update_meta(signed)
+            check_meta(meta)
+            check_claim(meta, ledger)
 
     return accept
 
