@@ -128,7 +128,7 @@ def _paced_catch_up(ledger: Ledger, peers: int, now: float, last_close_at: float
                     min_gap_s: float) -> list[ClosedSlot]:
     """Close slots up to `protocol.ledger.catchup.catch_up_target` (see the module docstring)."""
     target = catch_up_target(ledger.slot + 1, ledger.held_future_origins(), peers=peers, now=now,
-                             last_close_at=last_close_at, min_gap_s=min_gap_s)
+                             last_close_at=last_close_at, min_gap_s=min_gap_s, open_origins=ledger.open_origins())
     return [ledger.close_slot() for _ in range(target - ledger.slot - 1)]
 
 

@@ -7,7 +7,9 @@ both from :func:`tensor_terms`.
 Bounded influence (:mod:`protocol.ledger.bound`: which entries count, and the norm bound ``τ``): per origin,
 only the update with the smallest ``update_id`` counts (the others get ``c_i = 0`` and no weight), and each
 counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_clip`` × the lower median
-of the counted norms. Then:
+of the counted norms. With three or more counted updates, one whose direction disagrees with the sum of the
+others (cosine at most ``direction_screen``) is screened out of the tensor (``c_i = 0``, no weight), unless
+that would leave out more than half. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -40,9 +42,9 @@ from protocol.ledger.bound import counted, norm_bound
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
-from protocol.ledger.payload import Payload, span_of
+from protocol.ledger.payload import Payload, PayloadDeltas, span_of
 
-__all__ = ["SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans", "norm_with_terms",
+__all__ = ["GramCache", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans", "norm_with_terms",
            "slot_scale", "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
@@ -90,35 +92,116 @@ class TensorTerms:
         return (self.weighted_norms / self.total_weight) / max(u_norm, self.floor)
 
 
-def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig) -> TensorTerms:
-    """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring)."""
+class GramCache:
+    """Inner products ``⟨Δ_i, Δ_j⟩`` of a slot's entries, per tensor, computed canonically (fixed chunks,
+    numpy's pairwise sum of the binary64 products within a chunk, ``math.fsum`` across chunks) and kept:
+    an entry's values never change (its id covers its payload), so a late update adds only its own row.
+    Owned by one :class:`~protocol.ledger.slot.LiveSlot` (a bare aggregate makes a throwaway one)."""
+
+    def __init__(self) -> None:
+        self._dots: dict[tuple[str, bytes, bytes], float] = {}
+
+    def dots(self, entries: Sequence[SlotEntry], name: str) -> Mapping[tuple[bytes, bytes], float]:
+        """``⟨Δ_i, Δ_j⟩`` for every pair (ids ascending within a pair) of ``entries``."""
+        ordered = sorted(entries, key=lambda e: e.meta.update_id)
+        pairs = [(a, b) for i, a in enumerate(ordered) for b in ordered[i:]
+                 if (name, a.meta.update_id, b.meta.update_id) not in self._dots]
+        if pairs:
+            self._compute(pairs, name)
+        return {(a.meta.update_id, b.meta.update_id): self._dots[(name, a.meta.update_id, b.meta.update_id)]
+                for i, a in enumerate(ordered) for b in ordered[i:]}
+
+    def _compute(self, pairs: list[tuple[SlotEntry, SlotEntry]], name: str) -> None:
+        involved = {e.meta.update_id: e for pair in pairs for e in pair}
+        size = _numel(next(iter(involved.values())), name)
+        parts: dict[tuple[bytes, bytes], list[float]] = {(a.meta.update_id, b.meta.update_id): [] for a, b in pairs}
+        for s in spans(size):
+            xs = {i: span_of(e.deltas, name, s).astype(_F64) for i, e in involved.items()}
+            for (i, j), out in parts.items():
+                out.append(float(np.sum(xs[i] * xs[j])))
+        for (i, j), out in parts.items():
+            self._dots[(name, i, j)] = math.fsum(out)
+
+
+def _numel(entry: SlotEntry, name: str) -> int:
+    """Elements of tensor ``name`` of ``entry`` (a payload's from its shapes, without decoding it)."""
+    if isinstance(entry.deltas, PayloadDeltas):
+        return math.prod(entry.deltas.shapes[name])
+    return int(entry.deltas[name].size)
+
+
+def step_bound(entry: SlotEntry, name: str, config: LedgerConfig) -> float:
+    """The most a tensor's norm can be for an update of ``entry``'s claimed inner steps:
+    ``(max_step_rms · inner_steps) · sqrt(size)`` (``inf`` when the run sets no ``max_step_rms``). A function
+    of the update alone: it bounds a slot that holds one update, where no median can."""
+    if config.max_step_rms is None or config.norm_clip == 0.0:
+        return math.inf
+    return (config.max_step_rms * entry.meta.inner_steps) * math.sqrt(_numel(entry, name))
+
+
+def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str, config: LedgerConfig,
+              gram: GramCache | None) -> set[bytes]:
+    """Ids of counted entries whose direction disagrees with the rest of the slot (see the module docstring):
+    with ``m ≥ 3`` counted nonzero entries, entry ``i`` is screened out when the cosine between ``Δ_i`` and
+    ``U_{-i} = Σ_{j≠i} c_j Δ_j`` is at most ``direction_screen``, unless fewer than half would remain."""
+    live = [e for e in kept if coefficients[e.meta.update_id] != 0.0]
+    if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 3:
+        return set()
+    dots = (gram or GramCache()).dots(live, name)
+
+    def g(a: bytes, b: bytes) -> float:
+        return dots[(a, b) if a <= b else (b, a)]
+
+    ids = [e.meta.update_id for e in live]
+    c = {i: coefficients[i] for i in ids}
+    out = set()
+    for e in live:
+        i = e.meta.update_id
+        others = [j for j in ids if j != i]
+        along = math.fsum(c[j] * g(i, j) for j in others)  # ⟨Δ_i, U_{-i}⟩
+        rest_sq = math.fsum(c[j] * c[k] * g(j, k) for j in others for k in others)  # ‖U_{-i}‖²
+        norm_i = e.norms[name]
+        if rest_sq <= 0.0 or along <= config.direction_screen * norm_i * math.sqrt(rest_sq):
+            out.add(i)
+    return out if 2 * (len(live) - len(out)) >= len(live) else set()
+
+
+def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
+                 gram: GramCache | None = None) -> TensorTerms:
+    """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring); ``gram`` keeps
+    the inner products the direction screen needs (computed here when not given)."""
     radial = uses_radial(name, config)
     kept = counted(entries)
     tau = norm_bound(kept, name, config)
     coefficients = dict.fromkeys((e.meta.update_id for e in entries), 0.0)
-    clipped = []
+    limit = {e.meta.update_id: min(tau, step_bound(e, name, config)) for e in kept}
     for e in kept:
-        norm = e.norms[name]
-        clipped.append(min(norm, tau))
+        norm, bound = e.norms[name], limit[e.meta.update_id]
         if norm <= 0.0:
             coefficients[e.meta.update_id] = 0.0 if radial else e.weight
         elif radial:
             coefficients[e.meta.update_id] = e.weight / norm
         else:
-            coefficients[e.meta.update_id] = e.weight if norm <= tau else e.weight * (tau / norm)
+            coefficients[e.meta.update_id] = e.weight if norm <= bound else e.weight * (bound / norm)
+    screened = _screened(kept, coefficients, name, config, gram)
+    if screened:
+        for i in screened:
+            coefficients[i] = 0.0
+        kept = [e for e in kept if e.meta.update_id not in screened]
     return TensorTerms(
         radial=radial,
         coefficients=coefficients,
         total_weight=math.fsum(e.weight for e in kept),
-        weighted_norms=math.fsum(e.weight * n for e, n in zip(kept, clipped, strict=True)),
+        weighted_norms=math.fsum(e.weight * min(e.norms[name], limit[e.meta.update_id]) for e in kept),
         floor=math.sqrt(math.fsum(e.weight * e.weight for e in kept if e.norms[name] > 0.0))
         if radial and config.norm_clip > 0.0 else 0.0,
     )
 
 
-def slot_scale(entries: Sequence[SlotEntry], name: str, config: LedgerConfig, u_norm: float) -> float:
+def slot_scale(entries: Sequence[SlotEntry], name: str, config: LedgerConfig, u_norm: float,
+               gram: GramCache | None = None) -> float:
     """``s`` for tensor ``name`` of a slot holding ``entries`` whose accumulator has norm ``u_norm``."""
-    return tensor_terms(entries, name, config).scale(u_norm)
+    return tensor_terms(entries, name, config, gram).scale(u_norm)
 
 
 def _buffer(size: int) -> np.ndarray:
@@ -141,13 +224,14 @@ def norm_with_terms(u: np.ndarray, name: str, terms: Sequence[tuple[Mapping[str,
 
 
 def canonical_spans(
-    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, size: int, out: np.ndarray | None = None
+    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, size: int, out: np.ndarray | None = None,
+    gram: GramCache | None = None,
 ) -> Iterator[tuple[slice, np.ndarray, float]]:
     """Tensor ``name``'s canonical ``U`` over ``entries``, span by span (the fixed chunking): yields
     ``(span, U over it, its sum of squares)``. ``U`` is written into ``out`` (a flat float64 array of
     ``size``) if given, else into one chunk-sized buffer reused for the next span."""
     ordered = sorted(entries, key=lambda e: e.meta.update_id)
-    coefficients = tensor_terms(entries, name, config).coefficients
+    coefficients = tensor_terms(entries, name, config, gram).coefficients
     terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficients[e.meta.update_id]) != 0.0]
     buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
     for s in spans(size):
@@ -166,13 +250,13 @@ def canonical_spans(
 
 
 def accumulate_sorted(
-    entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray]
+    entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray], gram: GramCache | None = None
 ) -> dict[str, float]:
     """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``."""
 
     def one(name: str) -> float:
         uf = flat(out[name])
-        return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf)))
+        return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf, gram)))
 
     names = list(out)
     return dict(zip(names, parallel_map(one, names), strict=True))
@@ -183,6 +267,7 @@ def aggregate(
 ) -> dict[str, np.ndarray]:
     """The canonical aggregate ``g = s·U`` (new float64 arrays, one per tensor in ``shapes``)."""
     out = {name: np.empty(shape, dtype=_F64) for name, shape in shapes.items()}
-    for name, norm in accumulate_sorted(entries, config, out).items():
-        out[name] *= _F64(slot_scale(entries, name, config, norm))
+    gram = GramCache()
+    for name, norm in accumulate_sorted(entries, config, out, gram).items():
+        out[name] *= _F64(slot_scale(entries, name, config, norm, gram))
     return out

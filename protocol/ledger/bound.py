@@ -18,7 +18,13 @@ publishing every round, from moving the model more than an honest update would:
   would let a hostile update that claims a full round outweigh an honest short round (measured: with two
   updates in a slot at close, the hostile one set ``τ`` and every honest replica took a ×10⁴ step).
 
-``norm_clip = 0`` disables the clip (the aggregate is then the unbounded one of earlier versions).
+* **Directions that disagree are screened out** (``protocol.ledger.aggregate``, ``direction_screen`` κ):
+  with three or more counted updates, one whose cosine with the sum of the others is at most κ (0.05) is
+  left out of that tensor's aggregate — a negated update's cosine is negative, a random direction's about
+  ``1/sqrt(size)`` — unless that would leave out more than half (then there is no majority to judge by).
+  It needs the updates' inner products: one more pass over the slot's payloads (``GramCache``).
+
+``norm_clip = 0`` disables all of it (the aggregate is then the unbounded one of earlier versions).
 """
 
 from __future__ import annotations

@@ -16,8 +16,13 @@ held for slots ``≥ r``.
   nodes being there means the run is there.
 * A single origin ahead moves the replica by at most one slot, and only when the replica's last slot
   close (of any kind) was at least ``min_gap_s`` ago (the caller passes half the run's measured round
-  time). Healthy runs close about one slot per round, so this never delays them; a node that publishes
-  faster than the run moves nobody faster than about two slots per round.
+  time), and only when the open slot already holds an update of another origin. Healthy runs close about
+  one slot per round, so this never delays them; a node that publishes faster than the run moves nobody
+  faster than about two slots per round; and it cannot make a replica close a slot that holds nothing but
+  its own update (measured: an honest node closed such a slot on a hostile node's word, nobody published
+  into it afterwards, and the slot's final set was the hostile update alone, which no median can bound;
+  every honest node took its ×10⁴ step). The slot then closes by the node's own policy, with its own
+  update in it.
 
 Deferred updates stay held and are released when the replica's own close policy opens their slot (or
 a later catch-up does): nothing is dropped and nothing stalls. The rule decides *when* slots close,
@@ -37,11 +42,11 @@ QUORUM_ORIGINS = 2
 
 
 def catch_up_target(open_slot: int, held_origins: Mapping[int, Collection[str]], *, peers: int, now: float,
-                    last_close_at: float | None, min_gap_s: float) -> int:
+                    last_close_at: float | None, min_gap_s: float, open_origins: Collection[str] = ()) -> int:
     """The slot that should be open after catching up (``open_slot`` itself: close nothing).
 
     ``held_origins``: future slot → origins of the updates held for it. ``last_close_at``: when this
-    replica last closed a slot (None: never)."""
+    replica last closed a slot (None: never). ``open_origins``: origins of the updates in the open slot."""
     future = sorted((s for s in held_origins if s > open_slot), reverse=True)
     if not future:
         return open_slot
@@ -51,6 +56,8 @@ def catch_up_target(open_slot: int, held_origins: Mapping[int, Collection[str]],
         evidence |= set(held_origins[slot])
         if len(evidence) >= quorum:
             return slot
+    if not set(open_origins) - evidence:
+        return open_slot  # the open slot holds only the origin ahead (or nothing): it would close thin
     if last_close_at is None or now - last_close_at >= min_gap_s:
         return open_slot + 1
     return open_slot

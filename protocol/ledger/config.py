@@ -90,6 +90,11 @@ class LedgerConfig:
     max_future_slots: an update for a slot more than this many slots past the open one is refused.
     norm_clip: k of the norm bound ``τ = k ×`` the slot's lower median norm, per tensor
     (:mod:`protocol.ledger.bound`); 0 turns it off.
+    direction_screen: κ of the direction screen: with 3 or more counted updates in a slot, one whose cosine
+    with the others' sum is at most κ is left out of that tensor's aggregate (None turns it off;
+    ``norm_clip = 0`` turns the whole bound off, this included).
+    max_step_rms: the largest root-mean-square change one inner step can make to a tensor's elements: an
+    update's tensor norm is clipped to ``max_step_rms · inner_steps · sqrt(size)`` (None: unchecked).
     tokens_per_step, max_inner_steps: the most tokens one inner step and the most inner steps one update
     may claim (None: unchecked); an update claiming more is refused.
     """
@@ -105,6 +110,8 @@ class LedgerConfig:
     stale_policy: StalePolicy = StalePolicy.APPLY
     max_future_slots: int = 64
     norm_clip: float = 1.0
+    direction_screen: float | None = 0.05
+    max_step_rms: float | None = None
     tokens_per_step: int | None = None
     max_inner_steps: int | None = None
 
@@ -121,6 +128,10 @@ class LedgerConfig:
             raise LocalProtocolError(f"max_future_slots must be an int ≥ 0, got {self.max_future_slots!r}")
         if not (math.isfinite(self.norm_clip) and (self.norm_clip == 0.0 or self.norm_clip >= 1.0)):
             raise LocalProtocolError(f"norm_clip must be 0 (off) or finite and ≥ 1, got {self.norm_clip!r}")
+        if self.direction_screen is not None and not (-1.0 <= self.direction_screen < 1.0):
+            raise LocalProtocolError(f"direction_screen must be None or in [-1, 1), got {self.direction_screen!r}")
+        if self.max_step_rms is not None and not (math.isfinite(self.max_step_rms) and self.max_step_rms > 0.0):
+            raise LocalProtocolError(f"max_step_rms must be None or finite and > 0, got {self.max_step_rms!r}")
         for name in ("tokens_per_step", "max_inner_steps"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
@@ -160,6 +171,8 @@ class LedgerConfig:
             "stale_policy": self.stale_policy.value,
             "max_future_slots": self.max_future_slots,
             "norm_clip": self.norm_clip,
+            "direction_screen": self.direction_screen,
+            "max_step_rms": self.max_step_rms,
             "tokens_per_step": self.tokens_per_step,
             "max_inner_steps": self.max_inner_steps,
         }

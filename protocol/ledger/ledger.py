@@ -47,8 +47,7 @@ and future as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node
 float32 deltas), decoded span by span when a slot's aggregate is computed; float32 working θ, v (8 B); the
 newest closed slot's sum, float32 (4 B, :mod:`protocol.ledger.slot`); the float32 window bottom (8 B) in
 a :class:`~protocol.ledger.storage.BottomStore` (a node's: memory-mapped files, resident only during a
-pass); a float64 temporary per radial tensor in flight. Arithmetic is float64, rounded once per element
-into the float32 state (:mod:`protocol.ledger.outer`).
+pass); a float64 temporary per radial tensor in flight; float64 arithmetic rounded once into the state.
 """
 
 from __future__ import annotations
@@ -180,6 +179,10 @@ class Ledger:
 
     def updates_in_open_slot(self) -> int:
         return len(self._slots[self._n + 1].entries)
+
+    def open_origins(self) -> frozenset[str]:
+        """The origins of the updates in the open slot."""
+        return frozenset(e.meta.origin for e in self._slots[self._n + 1].entries)
 
     def held_future(self) -> dict[int, int]:
         """Number of held updates per future slot."""

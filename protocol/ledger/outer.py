@@ -30,7 +30,7 @@ import numpy as np
 
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
-from protocol.ledger.aggregate import canonical_spans, slot_scale
+from protocol.ledger.aggregate import canonical_spans
 from protocol.ledger.payload import span_of
 from protocol.ledger.slot import LiveSlot, TermChange
 
@@ -77,10 +77,10 @@ def mean_step(slot: LiveSlot, name: str, theta: np.ndarray, v: np.ndarray, eta: 
     aggregate, summed and stepped span by span: its scale (1 / Σ w) needs no norm, so no temporary of the
     tensor's size (the embeddings are the largest tensors); the same bits, every operation being
     elementwise. The slot's kept sum, if it keeps one, is written on the way."""
-    scale = {name: slot_scale(slot.entries, name, slot.config, 0.0)}
+    scale = {name: slot.terms(name).scale(0.0)}
     kept, parts = slot.kept_buffer(name), []
     kept_flat = None if kept is None else kept.reshape(-1)
-    for span, uc, part in canonical_spans(slot.entries, name, slot.config, theta.size):
+    for span, uc, part in canonical_spans(slot.entries, name, slot.config, theta.size, gram=slot.gram):
         parts.append(part)
         if kept_flat is not None:
             kept_flat[span] = uc

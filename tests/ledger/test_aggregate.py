@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Aggregation, LedgerConfig, UpdateMeta, Weighting, aggregate, staleness, update_weight
-from protocol.ledger.aggregate import SlotEntry
+from protocol.ledger.aggregate import SlotEntry, tensor_terms
 from protocol.ledger.chunks import CHUNK, copy_with_norm, tensor_norm
 from protocol.ledger.bound import check_claim
 from protocol.ledger.weights import check_meta
@@ -163,20 +163,43 @@ def test_one_update_per_origin_counts_the_smallest_id():
 
 @pytest.mark.parametrize("aggregation", list(Aggregation))
 def test_a_huge_update_counts_at_most_norm_clip_times_the_median(aggregation):
-    """Three honest updates and one ×10⁴, negated: the bounded slot moves the tensor by at most an honest
-    update's norm; unbounded, by ~2,500 of them."""
+    """Three honest updates (a shared direction plus noise, as pseudo-gradients of one model are) and one
+    ×10⁴: the bounded slot moves the tensor by at most an honest update's norm; unbounded, by ~2,500 of
+    them. Scaled, it is clipped; negated, the direction screen also leaves it out."""
     rng = np.random.default_rng(5)
-    honest = [rng.standard_normal(64) for _ in range(3)]
-    hostile = -1e4 * honest[0]
-    es = [entry(f"h{i}", 1.0, w=x) for i, x in enumerate(honest)] + [entry("evil", 1.0, w=hostile)]
+    shared = rng.standard_normal(64)
+    honest = [shared + 0.5 * rng.standard_normal(64) for _ in range(3)]
     honest_norm = max(float(np.linalg.norm(x)) for x in honest)
-    bounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation))["w"]
-    unbounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=0.0))["w"]
-    assert np.linalg.norm(bounded) <= honest_norm
-    assert np.linalg.norm(unbounded) >= 1000.0 * honest_norm
-    # an honest slot (norms within 2× of each other) is not changed by a bound of 2, bit for bit
+    for sign in (1.0, -1.0):
+        es = [entry(f"h{i}", 1.0, w=x) for i, x in enumerate(honest)] + [entry("evil", 1.0, w=sign * 1e4 * honest[0])]
+        bounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation))["w"]
+        unbounded = aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=0.0))["w"]
+        assert np.linalg.norm(bounded) <= honest_norm
+        assert np.linalg.norm(unbounded) >= 1000.0 * honest_norm
+    # the negated one is screened out: the slot is the honest slot's
+    assert aggregate(es, {"w": (64,)}, LedgerConfig(aggregation=aggregation))["w"].tobytes() == \
+        aggregate(es[:3], {"w": (64,)}, LedgerConfig(aggregation=aggregation))["w"].tobytes()
+    # an honest slot (norms within 2× of each other, directions agreeing) is not changed by a bound of 2
     assert aggregate(es[:3], {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=2.0))["w"].tobytes() == \
         aggregate(es[:3], {"w": (64,)}, LedgerConfig(aggregation=aggregation, norm_clip=0.0))["w"].tobytes()
+
+
+def test_the_direction_screen_leaves_out_a_random_direction_but_never_the_majority():
+    rng = np.random.default_rng(11)
+    shared = rng.standard_normal(4096)
+    honest = [shared + rng.standard_normal(4096) for _ in range(3)]
+    noise = rng.standard_normal(4096)
+    es = [entry(f"h{i}", 1.0, w=x) for i, x in enumerate(honest)] + [entry("evil", 1.0, w=noise)]
+    terms = tensor_terms(es, "w", LedgerConfig())
+    assert terms.coefficients[meta("evil").update_id] == 0.0
+    assert all(terms.coefficients[meta(f"h{i}").update_id] > 0.0 for i in range(3))
+    # two against two: no majority to judge by, nobody is left out
+    es = [entry("h0", 1.0, w=honest[0]), entry("h1", 1.0, w=honest[1]),
+          entry("e0", 1.0, w=-honest[0]), entry("e1", 1.0, w=-honest[1])]
+    assert all(c != 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
+    # fewer than three: never screened
+    es = [entry("h0", 1.0, w=honest[0]), entry("evil", 1.0, w=-honest[0])]
+    assert all(c != 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
 
 
 def test_claims_beyond_the_runs_work_are_refused():
@@ -217,3 +240,16 @@ def test_counts_past_2_to_the_53_are_refused_where_they_are_read():
         check_meta(meta(tokens=2**53 + 1))
     assert err.value.reason is Reason.BAD_SCHEMA
     check_meta(meta(tokens=2**53))
+
+
+def test_a_lone_update_is_held_to_what_its_inner_steps_could_do():
+    """One update alone in a slot (no median to compare with): its norm enters at most as
+    (max_step_rms · inner_steps) · sqrt(size); an honest one, far below that, is unchanged."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(400) * 0.01  # RMS 0.01 after its 10 steps: 0.001 per step
+    config = LedgerConfig(max_step_rms=0.004)  # the most a step could do, per element
+    honest = aggregate([entry("h", 1.0, w=x)], {"w": (400,)}, config)["w"]
+    np.testing.assert_allclose(honest, x, rtol=1e-6)
+    evil = aggregate([entry("e", 1.0, w=1e4 * x)], {"w": (400,)}, config)["w"]
+    np.testing.assert_allclose(np.linalg.norm(evil), 0.004 * 10 * math.sqrt(400), rtol=1e-12)
+    assert np.linalg.norm(aggregate([entry("e", 1.0, w=1e4 * x)], {"w": (400,)}, LedgerConfig())["w"]) > 100

@@ -10,8 +10,10 @@ from protocol.ledger import Ledger, LedgerConfig, UpdateMeta, catch_up_target
 GAP = 5.0  # half the run's round time
 
 
-def target(held: dict[int, set[str]], *, peers: int = 5, now: float = 100.0, last: float | None = 99.0) -> int:
-    return catch_up_target(10, held, peers=peers, now=now, last_close_at=last, min_gap_s=GAP)
+def target(held: dict[int, set[str]], *, peers: int = 5, now: float = 100.0, last: float | None = 99.0,
+           open_origins: frozenset[str] = frozenset({"me"})) -> int:
+    return catch_up_target(10, held, peers=peers, now=now, last_close_at=last, min_gap_s=GAP,
+                           open_origins=open_origins)
 
 
 def test_two_origins_ahead_move_the_replica_at_once() -> None:
@@ -25,6 +27,16 @@ def test_one_origin_ahead_moves_the_replica_one_slot_per_gap_at_most() -> None:
     assert target(burst, last=99.0) == 10, "closed a slot 1 s ago: wait"
     assert target(burst, last=94.0) == 11, "half a round since the last close: one slot"
     assert target(burst, last=None) == 11
+
+
+def test_one_origin_ahead_never_closes_a_slot_holding_only_its_updates() -> None:
+    """A slot closed on one origin's word while it holds nothing else may never get another update (the
+    others moved on): its final set would be that origin's alone, which no median bounds."""
+    ahead = {11: {"x"}}
+    assert target(ahead, last=None, open_origins=frozenset({"x"})) == 10
+    assert target(ahead, last=None, open_origins=frozenset()) == 10
+    assert target(ahead, last=None, open_origins=frozenset({"x", "me"})) == 11
+    assert target({11: {"x"}, 12: {"y"}}, open_origins=frozenset({"x"})) == 11, "a quorum still moves it"
 
 
 def test_a_run_of_two_follows_its_one_peer() -> None:

@@ -50,7 +50,7 @@ class Example:
         cfg = rows(inputs)
         self.config = {k: v[0] for k, v in cfg.items() if k in {
             "window", "lr", "momentum", "staleness_alpha", "weighting", "aggregation", "embeddings",
-            "stale_policy", "max_future_slots", "norm_clip"}}
+            "stale_policy", "max_future_slots", "norm_clip", "direction_screen", "max_step_rms"}}
         self.theta0 = {m[1]: np.array(m[2].split(), F32).reshape(tuple(int(d) for d in m[3].split(",") if d.strip()))
                        for m in re.finditer(r"^θ_0\[(\w+)\]\s+(.*?)\s+shape \(([\d, ]*)\)$", inputs, re.M)}
         self.updates = {}
@@ -123,6 +123,9 @@ class Spec:
         self.ex, self.window, self.lr, self.mu = ex, int(c["window"]), float(c["lr"]), float(c["momentum"])
         self.alpha, self.ahead = float(c["staleness_alpha"]), int(c["max_future_slots"])
         self.clip = float(c["norm_clip"])
+        self.kappa = None if c["direction_screen"] == "nil" else float(c["direction_screen"])
+        self.step_rms = None if c.get("max_step_rms", "nil") == "nil" else float(c["max_step_rms"])
+        self._dots: dict[tuple[str, str, str], float] = {}
         self.embeddings = set(c["embeddings"].strip("[]").split(","))
         self._norms: dict[tuple[str, str], float] = {}
         assert c["weighting"] == "tokens" and c["aggregation"] == "radial-directional" and c["stale_policy"] == "apply"
@@ -158,14 +161,50 @@ class Spec:
         ranked = sorted(counted, key=lambda e: (self.norm(e[0], name), self.uid(e[0])))
         return self.clip * self.norm(ranked[(len(ranked) - 1) // 2][0], name)
 
-    def coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
-        """c_i of ``tag`` (weight ``w``) in a slot holding ``entries`` (``tag`` among them)."""
+    def base_coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
+        """c_i before the direction screen."""
         if (tag, w) not in self.counted(entries):
             return 0.0
-        n, tau = self.norm(tag, name), self.bound(entries, name)
+        n, b = self.norm(tag, name), self.limit(tag, entries, name)
         if name in self.embeddings:
-            return w if n <= tau else w * (tau / n)
+            return w if n <= b else w * (b / n)
         return w / n if n > 0.0 else 0.0
+
+    def limit(self, tag: str, entries: list[tuple[str, float]], name: str) -> float:
+        """min(τ, A_i): the slot's bound and the update's own, (max_step_rms·inner_steps)·sqrt(size)."""
+        own = math.inf if self.step_rms is None or self.clip == 0.0 else \
+            (self.step_rms * self.ex.updates[tag]["steps"]) * math.sqrt(self.ex.updates[tag]["delta"][name].size)
+        return min(self.bound(entries, name), own)
+
+    def dot(self, a: str, b: str, name: str) -> float:
+        """⟨x_a, x_b⟩: chunks of 65,536, P over the products within a chunk, fsum across chunks."""
+        key = (min(a, b), max(a, b), name)
+        if key not in self._dots:
+            fa = self.ex.updates[a]["delta"][name].astype(F64).reshape(-1)
+            fb = self.ex.updates[b]["delta"][name].astype(F64).reshape(-1)
+            self._dots[key] = math.fsum(pairwise((fa[i:i + CHUNK] * fb[i:i + CHUNK]).tolist())
+                                        for i in range(0, fa.size, CHUNK))
+        return self._dots[key]
+
+    def screened(self, entries: list[tuple[str, float]], name: str) -> set[str]:
+        """The direction screen: with m ≥ 3 updates of nonzero c, those whose cosine with the others' sum is
+        at most κ, unless fewer than half would remain."""
+        live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
+        live = [(t, c) for t, c in live if c != 0.0]
+        if self.clip == 0.0 or self.kappa is None or len(live) < 3:
+            return set()
+        out = set()
+        for t, _ in live:
+            others = [(u, c) for u, c in live if u != t]
+            along = math.fsum(c * self.dot(t, u, name) for u, c in others)
+            rest = math.fsum(cj * ck * self.dot(j, k, name) for j, cj in others for k, ck in others)
+            if rest <= 0.0 or along <= self.kappa * self.norm(t, name) * math.sqrt(rest):
+                out.add(t)
+        return out if 2 * (len(live) - len(out)) >= len(live) else set()
+
+    def coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
+        """c_i of ``tag`` (weight ``w``) in a slot holding ``entries`` (``tag`` among them)."""
+        return 0.0 if tag in self.screened(entries, name) else self.base_coefficient(tag, w, name, entries)
 
     def accumulate(self, entries: list[tuple[str, float]], name: str) -> np.ndarray:
         u = None
@@ -177,7 +216,8 @@ class Spec:
         return np.zeros(self.ex.theta0[name].size) if u is None else u
 
     def scale(self, entries: list[tuple[str, float]], name: str, u_norm: float) -> float:
-        counted = self.counted(entries)
+        out = self.screened(entries, name)
+        counted = [(t, w) for t, w in self.counted(entries) if t not in out]
         if not counted:
             return 0.0
         total = math.fsum(w for _, w in counted)
@@ -185,9 +225,9 @@ class Spec:
             return 1.0 / total
         if u_norm <= 0.0:
             return 0.0
-        tau = self.bound(entries, name)
         floor = math.sqrt(math.fsum(w * w for t, w in counted if self.norm(t, name) > 0.0)) if self.clip else 0.0
-        return math.fsum(w * min(self.norm(t, name), tau) for t, w in counted) / total / max(u_norm, floor)
+        return math.fsum(w * min(self.norm(t, name), self.limit(t, entries, name)) for t, w in counted) / total \
+            / max(u_norm, floor)
 
     def aggregate(self, entries: list[tuple[str, float]], name: str) -> tuple[np.ndarray, float, float, np.ndarray]:
         u = self.accumulate(entries, name)
@@ -302,7 +342,8 @@ def ledger_config() -> LedgerConfig:
                         staleness_alpha=float(c["staleness_alpha"]), weighting=c["weighting"],
                         aggregation=c["aggregation"], embeddings=frozenset(c["embeddings"].strip("[]").split(",")),
                         stale_policy=c["stale_policy"], max_future_slots=int(c["max_future_slots"]),
-                        norm_clip=float(c["norm_clip"]))
+                        norm_clip=float(c["norm_clip"]), direction_screen=float(c["direction_screen"]),
+                        max_step_rms=None if c["max_step_rms"] == "nil" else float(c["max_step_rms"]))
 
 
 def meta(tag: str) -> UpdateMeta:
@@ -380,22 +421,29 @@ def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
     rng = np.random.default_rng(7)
     shapes = {"emb": (3, 50_000), "t": (2 * CHUNK + 18_929,)}
     theta0 = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
+    # pseudo-gradients of one model agree: a shared direction plus noise, under element scales spread
+    # over six decades (which tell the summation orders apart)
+    shared = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    spread = {n: 10.0 ** rng.integers(-3, 3, s) for n, s in shapes.items()}
     updates = {tag: dict(id=bytes([byte]) * 32, base=base, publish=publish, tokens=tokens, steps=10,
                          origin=origin or tag,
-                         delta={n: (rng.standard_normal(s) * 10.0 ** rng.integers(-3, 3, s) * scale).astype(F32)
+                         delta={n: ((shared[n] + 0.5 * rng.standard_normal(s)) * spread[n] * scale).astype(F32)
                                 for n, s in shapes.items()})
                for tag, byte, base, publish, tokens, scale, origin in [
                    ("a", 5, 0, 0, 700, 1.0, None), ("b", 1, 0, 0, 1300, 1.0, None), ("c", 9, 0, 0, 400, 1.0, None),
                    ("d", 3, 0, 1, 900, 1.0, None), ("e", 7, 1, 1, 1100, 1.0, None),
                    ("f", 2, 1, 1, 800, 1e4, None),  # ×10⁴: clipped to τ
                    ("g", 4, 1, 1, 900, 1.0, "d"),  # d's origin again, a larger id: does not count
-                   ("h", 6, 1, 1, 1000, 1.0, "e")]}  # e's origin again, a smaller id: displaces e when it lands
+                   ("h", 6, 1, 1, 1000, 1.0, "e"),  # e's origin again, a smaller id: displaces e when it lands
+                   ("i", 8, 1, 1, 1000, 1.0, None)]}  # made d's negation below: the direction screen leaves it out
+    updates["i"]["delta"] = {n: -x for n, x in updates["d"]["delta"].items()}
     config = dict(window="3", lr="0.7", momentum="0.9", staleness_alpha="0.5", weighting="tokens",
                   aggregation="radial-directional", embeddings="[emb]", stale_policy="apply", max_future_slots="64",
-                  norm_clip="2.0")
+                  norm_clip="2.0", direction_screen="0.05", max_step_rms="2.0")
     spec = Spec(SimpleNamespace(theta0=theta0, updates=updates, config=config))
     led = Ledger(theta0, LedgerConfig(window=3, lr=0.7, momentum=0.9, staleness_alpha=0.5,
-                                      embeddings=frozenset({"emb"}), norm_clip=2.0))
+                                      embeddings=frozenset({"emb"}), norm_clip=2.0, direction_screen=0.05,
+                                      max_step_rms=2.0))
     tag_of = {u["id"]: tag for tag, u in updates.items()}
 
     def add(tag: str) -> str:
@@ -405,18 +453,21 @@ def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
 
     zero = {n: np.zeros_like(a) for n, a in theta0.items()}
     slot1 = [(t, spec.weight(t, 1)) for t in "ab"]
-    slot2 = [(t, spec.weight(t, 2)) for t in "defg"]
+    slot2 = [(t, spec.weight(t, 2)) for t in "defgi"]
     assert [add("a"), add("b")] == ["applied-open"] * 2
     led.close_slot()
     th1, v1 = spec.step(theta0, zero, slot1, 1)
     assert all(bits(led.params()[n]) == bits(th1[n]) and bits(led.momentum()[n]) == bits(v1[n]) for n in shapes)
-    assert [add(t) for t in "defgc"] == ["applied-open"] * 4 + ["folded-late"]
+    assert [add(t) for t in "defgic"] == ["applied-open"] * 5 + ["folded-late"]
     led.close_slot()
     assert add("h") == "folded-late"  # into slot 2, now the newest closed slot: e's coefficients go to 0
     slot2.append(("h", spec.weight("h", 2)))
     assert {n: spec.coefficient("f", spec.weight("f", 2), n, slot2) for n in shapes}["emb"] < \
         spec.weight("f", 2) / 1000.0  # f's embedding is clipped far below its weight
     assert spec.coefficient("e", spec.weight("e", 2), "t", slot2) == 0.0
+    assert all(spec.screened(slot2, n) == {"i"} for n in shapes)  # the negated one, and only it
+    assert any(spec.limit(t, slot2, n) < spec.bound(slot2, n) for t, _ in slot2 for n in shapes), \
+        "an update's own limit A_i binds somewhere"
     th1c, v1c = spec.step(theta0, zero, slot1 + [("c", spec.weight("c", 1))], 1)
     th2c, v2c = spec.step(th1c, v1c, slot2, 2)
     cfg = led.config

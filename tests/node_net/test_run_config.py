@@ -5,6 +5,8 @@ and report the same run configuration hash."""
 
 from __future__ import annotations
 
+import re
+
 COMMON = ["--inner-steps", "5", "--heartbeat", "0.5", "--eval-every", "0", "--sync-timeout", "5"]
 
 
@@ -21,7 +23,8 @@ def test_a_peer_with_another_inner_learning_rate_is_refused_at_the_handshake(clu
     a.wait_log("config_mismatch", 60.0)
     line = next(ln for ln in a.log_path.read_text().splitlines() if "config_mismatch" in ln)
     assert "inner.lr: ours 0.01, theirs 0.5" in line, line
-    assert "model." not in line and "outer." not in line, "only the differing field is named"
+    named = set(re.findall(r"([a-z_]+\.[a-z_]+): ours", line))
+    assert named == {"inner.lr", "outer.max_step_rms"}, named  # and what follows from it: the update bound
     assert a.status()["updates_rejected"].get("config_mismatch", 0) >= 1
     assert c.peer_id not in a.status()["peers"] and a.peer_id not in c.status()["peers"]
     c.wait_log("config_mismatch", 60.0)
