@@ -93,9 +93,10 @@ class NodeRuntime:
             embeddings=frozenset(embedding_names(self.cfg.model)), norm_clip=settings.norm_clip,
             # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
             tokens_per_step=self.cfg.data.batch_size * self.cfg.model.seq_len, max_inner_steps=settings.inner_steps,
-            # AdamW moves an element by about the learning rate per step at most; honest updates measure
-            # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"), so 2 x lr never binds for them
-            max_step_rms=2.0 * self.cfg.inner.lr)
+            # AdamW moves an element by at most about the learning rate per step; honest updates measure
+            # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
+            # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
+            max_step_rms=0.5 * self.cfg.inner.lr)
         self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint())
         self.stats = NodeStats(self.peer_id)
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
