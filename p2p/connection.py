@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterable
 
 import trio
 
@@ -182,3 +183,10 @@ class Connection:
                 await self.stream.aclose()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.debug("close %s: %r", self.remote, exc)
+
+
+def handshaking_from(conns: Iterable[Connection], remote: str) -> int:
+    """Inbound connections from `remote`'s host that have not finished their handshake (one host holding
+    many idle sockets must not take every connection slot from joiners elsewhere)."""
+    host = remote.rpartition(":")[0]
+    return sum(1 for c in conns if not c.outbound and c.peer == UNKNOWN_PEER and c.remote.rpartition(":")[0] == host)

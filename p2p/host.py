@@ -34,8 +34,8 @@ from p2p.blobfetch import BlobClient
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore
 from p2p.config import HostConfig
-from p2p.connection import Connection
-from p2p.counters import UNKNOWN_PEER, Counters
+from p2p.connection import Connection, handshaking_from
+from p2p.counters import Counters
 from p2p.dials import DialFailures
 from p2p.errors import AddressError, TransportError
 from p2p.http import HttpApp, serve_http
@@ -86,7 +86,7 @@ class Host:
         self.counters = Counters()
         self.store = BlobStore(Path(config.data_dir) / "blobs")
         self.http = HttpApp()
-        BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes, known=self.knows_peer).mount(self.http)
+        BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes, known=lambda peer: peer in self.router.peers).mount(self.http)
         self.gossip_addr = ""
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known
@@ -204,10 +204,6 @@ class Host:
 
     def connected_peers(self) -> list[str]:
         return sorted(self.router.peers)
-
-    def knows_peer(self, peer: str) -> bool:
-        """Whether `peer` is connected now (names from unauthenticated sources count only then)."""
-        return peer in self.router.peers
 
     def peers(self) -> list[PeerStatus]:
         now = self.now()
@@ -353,12 +349,6 @@ class Host:
         remote = format_addr(*stream.socket.getpeername()[:2])
         await self._run_connection(stream, outbound=False, remote=remote)
 
-    def _handshaking_from(self, remote: str) -> int:
-        """Inbound connections from `remote`'s host that have not finished their handshake."""
-        host = remote.rpartition(":")[0]
-        return sum(1 for c in self._conns.values()
-                   if not c.outbound and c.peer == UNKNOWN_PEER and c.remote.rpartition(":")[0] == host)
-
     async def _dial(self, action: Dial) -> None:
         self.counters.events["dials"] += 1
         try:
@@ -372,16 +362,12 @@ class Host:
     async def _run_connection(
         self, stream: trio.SocketStream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
     ) -> None:
-        if len(self._conns) >= self.config.max_connections or self._closing:
-            self.counters.events["refused_connections"] += 1
+        full = len(self._conns) >= self.config.max_connections or self._closing
+        if full or (not outbound and handshaking_from(self._conns.values(), remote) >= self.config.max_handshakes_per_host):
+            self.counters.events["refused_connections" if full else "refused_handshakes_per_host"] += 1
             await stream.aclose()
             if dialed is not None:
                 self._execute(self.router.dial_failed(dialed, self.now()))
-            return
-        if not outbound and self._handshaking_from(remote) >= self.config.max_handshakes_per_host:
-            # one host holding many idle sockets must not take every slot from joiners elsewhere
-            self.counters.events["refused_handshakes_per_host"] += 1
-            await stream.aclose()
             return
         self._next_conn += 1
         cfg = self.config

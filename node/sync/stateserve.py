@@ -156,7 +156,7 @@ class StateServer:
         data = None if found is None else await trio.to_thread.run_sync(_read_piece, *found)
         if data is None:
             return Response.text(404, "no such bottom or piece here\n")
-        self.host.counters.sent(client_name(request, self.host.knows_peer), Kind.BLOB, len(data), frames=0)
+        self.host.counters.sent(client_name(request, lambda peer: peer in self.host.connected_peers()), Kind.BLOB, len(data), frames=0)
         self.pieces_served += 1
         return Response(200, data, {"content-type": "application/octet-stream"})
 
