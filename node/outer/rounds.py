@@ -335,7 +335,7 @@ class Rounds:
     async def _publish_poisoned(self, payload: bytes, norms: dict[str, float], base_slot: int, publish_slot: int):
         """`--misbehave poison:KIND`: publish the hostile version of this round's update and add it here
         like any peer's (a refusal is logged); the next round starts from the honest Δ."""
-        data, codec, tokens, steps = self.poison.apply(payload, self.feedback.codec)
+        data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, self.feedback.codec)
         signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
                                                 inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
         stored = Payload(Codec(codec), data)
