@@ -13,6 +13,10 @@
   `tokens`: −10⁴ × its Δ claiming 2⁴⁰ tokens (refused as `bad_claim`). Its own next round starts from its
   honest Δ (so it keeps producing honest-looking pseudo-gradients to corrupt). The honest nodes' defence
   is `protocol.ledger.bound`; `python -m testnet.bench hostile` measures it.
+- `Tarpit` (`--misbehave tarpit`): the node trains and publishes honestly, but serves every blob one byte
+  per 20 s (a `Content-Length` it never finishes): each download from it would hold one of the fetching
+  peer's slots forever without the minimum rate of `p2p.blobfetch` and the per-holder limit of
+  `protocol.gossip.fetches`.
 - `ChaosRoute`: `POST /chaos` `{"block_peers": [ids], "seconds": T}` drops the connections to those
   peers and refuses them for T seconds (an emulated partition); only mounted with `--allow-chaos`.
 """
@@ -25,16 +29,18 @@ import math
 import os
 import struct
 import time
+from collections.abc import AsyncIterator
 
 import numpy as np
 import trio
 
 from p2p import Host, Request, Response
+from p2p.blobserve import BLOB_PREFIX
 from protocol.compression.tensors import decode_tensors, encode_tensors
 from protocol.messages import split_addr
 from node.outer.updates import Shapes, shapes_field
 
-__all__ = ["ChaosRoute", "Misbehave", "Poison", "Slowdown"]
+__all__ = ["ChaosRoute", "Misbehave", "Poison", "Slowdown", "Tarpit"]
 
 log = logging.getLogger("node.chaos")
 
@@ -67,7 +73,9 @@ class Slowdown:
 
 
 class Misbehave:
-    """The `--misbehave` modes; `act` runs once per round, after the honest update."""
+    """The `--misbehave` modes that act once per round (`act`), after the honest update."""
+
+    MODES = ("garbage", "bad-updates")
 
     def __init__(self, mode: str, host: Host, shapes: Shapes) -> None:
         self.mode, self.host, self.shapes = mode, host, dict(shapes)
@@ -177,3 +185,26 @@ class ChaosRoute:
         for peer in peers:
             self.blocked[peer] = now + seconds
             log.warning("chaos: blocking %s for %g s", peer, seconds)
+
+
+class Tarpit:
+    """`--misbehave tarpit` (see the module docstring): replaces the host's `/blobs/` route."""
+
+    def __init__(self, host: Host, interval_s: float = 20.0) -> None:
+        self.host, self.interval_s = host, interval_s
+
+    def mount(self) -> None:
+        self.host.http.route("GET", BLOB_PREFIX, self.handle)
+        log.warning("chaos: serving blobs one byte per %g s", self.interval_s)
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            size = self.host.store.size(request.path.removeprefix(BLOB_PREFIX))
+        except (KeyError, ValueError, OSError):
+            return Response.text(404, "no such blob\n")
+        return Response(200, self._trickle(size), {"content-type": "application/octet-stream"}, content_length=size)
+
+    async def _trickle(self, size: int) -> AsyncIterator[bytes]:
+        for _ in range(size):
+            yield b"\0"
+            await trio.sleep(self.interval_s)

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--key", required=True, type=Path, metavar="FILE",
                      help="Ed25519 key file (libp2p format, mode 0600), created if missing; its peer id names "
                           "the node and picks its data shard")
+    admission = net.add_mutually_exclusive_group()
+    admission.add_argument("--closed", action="store_true",
+                           help="found a closed run: only this node's key and the keys it admits take part "
+                                "(diloco-admit grant --key THIS_KEY ...); other keys are refused (not_admitted)")
+    admission.add_argument("--membership", type=Path, default=None, metavar="FILE",
+                           help="join a closed run: the membership file its founder granted to --key's peer id "
+                                "(diloco-admit id --key FILE prints it); default: an open run, anyone may join")
     net.add_argument("--heartbeat", type=float, default=1.0, metavar="SECONDS",
                      help="gossip heartbeat interval; a peer silent for 5 heartbeats is gone (default %(default)s)")
     train = p.add_argument_group("training")
@@ -154,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chaos.add_argument("--misbehave", choices=CHAOS_MODES, default=None, metavar="MODE",
                        help="act as a hostile peer: garbage (malformed frames), bad-updates (also publish "
-                            "invalid updates), poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
+                            "invalid updates), tarpit (serve blobs one byte per 20 s), poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
                             "scaled or random-direction update instead of its own, claiming the most tokens "
                             "the run allows; tokens: claiming 2^40). Honest peers must refuse or bound them")
     chaos.add_argument("--allow-chaos", action="store_true",
@@ -176,7 +183,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
-        allow_chaos=args.allow_chaos)
+        allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership)
 
 
 async def _serve(runtime, stop_timeout_s: float) -> int:

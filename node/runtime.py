@@ -30,7 +30,7 @@ import trio
 
 import p2p
 from node.checkpoint import Checkpoint, CheckpointDir
-from node.chaos import ChaosRoute
+from node.chaos import ChaosRoute, Tarpit
 from node.island.config import ConfigError
 from node.island.data import Dataset
 from node.sync.drain import DrainTracker, PeerView, drain_state
@@ -42,7 +42,7 @@ from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
-from node.settings import NodeSettings, run_configuration
+from node.settings import NodeSettings, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.train import InnerLoop
 from node.outer.updates import accept_hook, decode_update, update_meta
@@ -97,7 +97,8 @@ class NodeRuntime:
             # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
             # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
             max_step_rms=0.5 * self.cfg.inner.lr)
-        self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint())
+        self.admission = load_admission(settings, self.peer_id)
+        self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint(), self.admission.founder)
         self.stats = NodeStats(self.peer_id)
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
@@ -187,6 +188,8 @@ class NodeRuntime:
                 ForkHintRoute(self.host, self._peers_to_compare).mount()
                 if self.settings.allow_chaos:
                     ChaosRoute(self.host).mount()
+                if self.settings.misbehave == "tarpit":
+                    Tarpit(self.host).mount()
                 self._progress("syncing")
                 task_status.started(self)
                 with self.stats.timed("prepare"):
@@ -232,7 +235,8 @@ class NodeRuntime:
                               listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                               advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                               advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                              accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config)
+                              accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config,
+                              admission=self.admission)
 
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from

@@ -4,7 +4,8 @@ test, and read by the runtime. The machine-learning half (model, data, inner opt
 
 Run-wide settings (every node of a run must agree, or their updates and states are refused):
 `run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `outer_lr`,
-`outer_momentum`, `norm_clip`, `heartbeat_s`.
+`outer_momentum`, `norm_clip`, `heartbeat_s`, and whether the run is closed (its founder: `closed`,
+`membership`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from pathlib import Path
 
 from node.island.config import Config, ConfigError, preset
 from protocol.addresses import is_wildcard_host
+from protocol.admission import Admission, Membership
 from protocol.compression import Codec
 from protocol.messages import split_addr
 from protocol.runconfig import encode_config
 
-__all__ = ["CHAOS_MODES", "NodeSettings", "run_configuration"]
+__all__ = ["CHAOS_MODES", "NodeSettings", "load_admission", "run_configuration"]
 
-CHAOS_MODES = ("garbage", "bad-updates", "poison:negate", "poison:scale", "poison:random", "poison:tokens")
+CHAOS_MODES = ("garbage", "bad-updates", "tarpit", "poison:negate", "poison:scale", "poison:random", "poison:tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +64,14 @@ class NodeSettings:
     slowdown: float = 1.0
     misbehave: str | None = None
     allow_chaos: bool = False
+    closed: bool = False  # found a closed run: only keys this node's key admits take part (protocol.admission)
+    membership: Path | None = None  # join a closed run with the founder's membership file for this key
 
     def __post_init__(self) -> None:
         if not self.run_id:
             raise ConfigError("--run-id must not be empty")
+        if self.closed and self.membership is not None:
+            raise ConfigError("--closed founds a closed run and --membership joins one: give one of them")
         for flag, addr in (("--listen", self.listen), ("--http", self.http)):
             _check_addr(flag, addr, allow_port_0=True)
         for addr in self.peers:
@@ -139,18 +145,39 @@ class NodeSettings:
         return cfg.with_overrides(**extra)
 
 
-def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: Mapping[str, object]) -> str:
+def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: Mapping[str, object],
+                      founder: str = "") -> str:
     """The run configuration this node trains with (`protocol.runconfig`): what every node of its run must
-    share — the model, the inner optimizer and schedule, tokens per step, the seed, H, the codec and the
-    outer optimizer's ledger settings. Per-node knobs (data files and shard, quorum, heartbeat, checkpoints,
-    adaptive steps, chaos) are not part of it."""
+    share — the model, the inner optimizer and schedule, tokens per step, the seed, H, the codec, the founder
+    of a closed run ("" for an open one) and the outer optimizer's ledger settings. Per-node knobs (data files
+    and shard, quorum, heartbeat, checkpoints, adaptive steps, chaos) are not part of it."""
     fields: dict[str, object] = {f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}
     fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(cfg.inner).items()})
     fields.update({"data.batch_size": cfg.data.batch_size, "data.data_seed": cfg.data.data_seed,
                    "run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
-                   "run.compression": str(settings.compression)})
+                   "run.compression": str(settings.compression), "run.founder": founder})
     fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})
     return encode_config(fields)  # type: ignore[arg-type]
+
+
+def load_admission(settings: NodeSettings, peer_id: str) -> Admission:
+    """Who may take part (`protocol.admission`): an open run; a closed run founded by this node (`--closed`);
+    or the closed run whose founder admitted this node's key (`--membership FILE`, `diloco-admit grant`)."""
+    if settings.closed:
+        return Admission(settings.run_id, peer_id, peer_id=peer_id)
+    if settings.membership is None:
+        return Admission(settings.run_id)
+    try:
+        membership = Membership.from_json(settings.membership.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"--membership {settings.membership}: {exc}") from None
+    if membership.run_id != settings.run_id:
+        raise ConfigError(f"--membership {settings.membership} admits to run {membership.run_id!r}, not --run-id "
+                          f"{settings.run_id!r}")
+    if membership.member != peer_id:
+        raise ConfigError(f"--membership {settings.membership} admits {membership.member}, but --key is {peer_id}: "
+                          "ask the founder for a membership of this key (diloco-admit grant)")
+    return Admission(settings.run_id, membership.founder, membership, peer_id=peer_id)
 
 
 def _fail(message: str) -> None:

@@ -8,7 +8,11 @@ Contract of `BlobClient.fetch_once(peer, base_url, name, size)`:
 - a holder that sends the wrong bytes raises `RemoteProtocolError` (HASH_MISMATCH, OVERSIZED,
   TRUNCATED, or MALFORMED for a body without a Content-Length), one that cannot be reached, resets or
   closes the connection mid-body, sends no body bytes for `timeout` seconds or answers non-200 (e.g.
-  404: it removed the blob) raises `TransportError`, and so does a local file error. Nothing else
+  404: it removed the blob) raises `TransportError`, and so does a local file error;
+- a holder that sends slower than `min_rate` bytes per second, counted from `grace` seconds after the
+  request (the response head included; time spent waiting on our own disk does not count), raises
+  `RemoteProtocolError(TOO_SLOW)`: a tarpit that trickles a byte now and then cannot hold a download
+  slot for longer than `grace` plus the blob's size at `min_rate`. Nothing else
   escapes but cancellation (and bugs): never an exception group (`_one_exception`). Choosing the next
   holder is the router's decision, not this module's.
 
@@ -210,7 +214,8 @@ class BlobClient:
     """HTTP client for blobs; one per host. Use as `async with BlobClient(...) as client`.
 
     `read_bytes`: the size of one download buffer; `queue_chunks`: buffers per download; `timeout`:
-    bounds connecting, the response head and any silence of the holder while the body arrives.
+    bounds connecting, the response head and any silence of the holder while the body arrives;
+    `min_rate` (bytes/s, 0: none) and `grace` (s): the slowest a holder may send (module docstring).
     Buffers are kept for the next download (at most two downloads' worth).
     """
 
@@ -223,6 +228,8 @@ class BlobClient:
         read_bytes: int = DEFAULT_READ,
         queue_chunks: int = 8,
         timeout: float = 30.0,
+        min_rate: float = 0.0,
+        grace: float = 10.0,
         max_connections: int = 64,
     ) -> None:
         self.store = store
@@ -231,6 +238,8 @@ class BlobClient:
         self.read_bytes = read_bytes
         self.queue_chunks = max(2, queue_chunks)
         self.timeout = timeout
+        self.min_rate = min_rate
+        self.grace = grace
         self._spare: list[bytearray] = []
         self._client = httpx.AsyncClient(
             transport=_PoolTransport(max_connections),
@@ -284,47 +293,66 @@ class BlobClient:
         free: trio.MemoryReceiveChannel[bytearray],
         filled: trio.MemorySendChannel[tuple[bytearray, int]],
     ) -> None:
-        async with self._client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise TransportError(f"GET {url} answered {response.status_code}", peer=peer)
-            announced = response.headers.get("content-length")
-            if announced is not None and int(announced) != size:
-                reason = Reason.OVERSIZED if int(announced) > size else Reason.TRUNCATED
-                raise RemoteProtocolError(reason, f"content-length {announced}, announced size {size}")
-            body: _Body = response.extensions[_BODY]
-            progress = _Progress(trio.current_time())
-            async with trio.open_nursery() as guard:
-                guard.start_soon(self._stall_guard, progress, url, peer)
-                got = 0
-                while got < size:
+        progress = _Progress(trio.current_time())
+        async with trio.open_nursery() as guard:
+            guard.start_soon(self._stall_guard, progress, url, peer)
+            async with self._client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise TransportError(f"GET {url} answered {response.status_code}", peer=peer)
+                announced = response.headers.get("content-length")
+                if announced is not None and int(announced) != size:
+                    reason = Reason.OVERSIZED if int(announced) > size else Reason.TRUNCATED
+                    raise RemoteProtocolError(reason, f"content-length {announced}, announced size {size}")
+                body: _Body = response.extensions[_BODY]
+                while progress.got < size:
+                    waiting = trio.current_time()
                     buffer = await free.receive()
                     progress.at = trio.current_time()  # waiting for a free buffer is not the holder's fault
-                    want = min(len(buffer), size - got)
+                    progress.ours += progress.at - waiting
+                    want = min(len(buffer), size - progress.got)
                     fill = 0
                     with memoryview(buffer) as view:
                         while fill < want:
-                            fill += await body.readinto(view[fill:want])
+                            n = await body.readinto(view[fill:want])
+                            fill += n
+                            progress.got += n
                             progress.at = trio.current_time()
-                    got += fill
                     self.counters.received(peer, Kind.BLOB, fill, frames=0)
                     await filled.send((buffer, fill))
-                guard.cancel_scope.cancel()
+            guard.cancel_scope.cancel()
 
     async def _stall_guard(self, progress: _Progress, url: str, peer: str) -> None:
-        """Fail the download once no body bytes arrived for `timeout` seconds. (One sleeping task per
-        download: a deadline moved on every read costs ~30 us of trio bookkeeping per read.)"""
-        while trio.current_time() < progress.at + self.timeout:
-            await trio.sleep_until(progress.at + self.timeout)
-        raise TransportError(f"GET {url}: ReadTimeout: no body bytes for {self.timeout} s", peer=peer)
+        """Fail the download once no body bytes arrived for `timeout` seconds (`TransportError`), or once
+        the holder is behind `min_rate` after `grace` (`TOO_SLOW`). One sleeping task per download, woken
+        at the nearer of the two deadlines (a deadline moved on every read costs ~30 us of trio
+        bookkeeping per read)."""
+        while True:
+            silent_at = progress.at + self.timeout
+            slow_at = progress.behind_at(self.grace, self.min_rate)
+            now = trio.current_time()
+            if now >= silent_at:
+                raise TransportError(f"GET {url}: ReadTimeout: no body bytes for {self.timeout} s", peer=peer)
+            if now >= slow_at:
+                raise RemoteProtocolError(
+                    Reason.TOO_SLOW, f"GET {url}: {progress.got} bytes in {now - progress.start:.1f} s, "
+                    f"under {self.min_rate:.0f} B/s after a grace of {self.grace} s")
+            await trio.sleep_until(min(silent_at, slow_at))
 
 
 class _Progress:
-    """When the download last made progress (trio time)."""
+    """How far one download is: when it started and last made progress (trio time), the bytes received,
+    and the seconds spent waiting on our own side (a free buffer), which do not count against the holder."""
 
-    __slots__ = ("at",)
+    __slots__ = ("at", "got", "ours", "start")
 
     def __init__(self, at: float) -> None:
-        self.at = at
+        self.start = self.at = at
+        self.got = 0
+        self.ours = 0.0
+
+    def behind_at(self, grace: float, min_rate: float) -> float:
+        """When the holder falls behind `min_rate` unless more bytes arrive (inf without a floor)."""
+        return self.start + self.ours + grace + self.got / min_rate if min_rate > 0 else math.inf
 
 
 async def _hash_and_write(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.admission import Admission
 from protocol.errors import LocalProtocolError
 from protocol.framing import MAX_FRAME_SIZE
 from protocol.gossip import AcceptHook, GossipConfig
@@ -35,6 +36,8 @@ class HostConfig:
     handshake_timeout_s: float = 5.0
     dial_timeout_s: float = 5.0
     fetch_timeout_s: float = 60.0  # per HTTP read/connect, not per blob
+    blob_min_rate: float = 128 << 10  # bytes/s: a holder sending slower is dropped as `too_slow` (0: no floor)
+    blob_grace_s: float = 10.0  # ... counted from this long after the request
     max_parallel_fetches: int = 4
     blob_read_bytes: int = 1 << 20  # HTTP client read size
     blob_chunk_bytes: int = 4 << 20  # HTTP server body chunk
@@ -44,6 +47,7 @@ class HostConfig:
     accept: AcceptHook | None = None  # application check on signed messages, raises RemoteProtocolError
     agent: str = "diloco/0.1"
     run_config: str = ""  # protocol.runconfig text sent in the hello; a peer's must be equal
+    admission: Admission | None = None  # protocol.admission; None becomes an open run's in __post_init__
 
     def __post_init__(self) -> None:
         if self.gossip is not None and self.gossip.run_id != self.run_id:
@@ -52,6 +56,10 @@ class HostConfig:
             raise LocalProtocolError("need max_connections >= 1, queue_frames >= 1, queue_bytes >= max_frame_size")
         if self.max_handshakes_per_host < 1:
             raise LocalProtocolError("need max_handshakes_per_host >= 1")
+        if self.admission is None:
+            object.__setattr__(self, "admission", Admission(self.run_id))
+        elif self.admission.run_id != self.run_id:
+            raise LocalProtocolError("admission is for another run id")
 
     @property
     def gossip_config(self) -> GossipConfig:

@@ -150,6 +150,7 @@ class Host:
             shapes=shapes,
             payload_sha256=bytes.fromhex(name),
             payload_size=len(payload),
+            membership=self.config.admission.credential,
         )
         return self._publish(body)
 
@@ -259,7 +260,7 @@ class Host:
         try:
             async with BlobClient(
                 self.store, self.counters, local_peer=self.peer_id, read_bytes=cfg.blob_read_bytes,
-                timeout=cfg.fetch_timeout_s,
+                timeout=cfg.fetch_timeout_s, min_rate=cfg.blob_min_rate, grace=cfg.blob_grace_s,
             ) as client, trio.open_nursery() as nursery:
                 self._client = client
                 self._nursery = nursery
@@ -279,7 +280,7 @@ class Host:
                 rng = random.Random(cfg.seed if cfg.seed is not None else os.urandom(16))
                 self.router = Router(
                     cfg.gossip_config, PeerInfo(self.peer_id, self.gossip_addr, self.http_addr), rng=rng,
-                    bootstrap=cfg.bootstrap, accept=cfg.accept,
+                    bootstrap=cfg.bootstrap, accept=cfg.admission.accept_hook(cfg.accept),
                 )
                 for name in self.store.names():
                     self.router.blob_stored(name, self.now())
@@ -407,6 +408,7 @@ class Host:
             self.identity, self.router.validator, gossip_addr=self.gossip_addr, http_addr=self.http_addr,
             challenge=signing.new_challenge(), expected_peer=expected, agent=self.config.agent,
             remote_host=split_addr(conn.remote)[0] if conn.remote else None, run_config=self.config.run_config,
+            admission=self.config.admission,
         )
         try:
             with trio.fail_after(self.config.handshake_timeout_s):

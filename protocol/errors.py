@@ -22,6 +22,7 @@ class Reason(enum.StrEnum):
     # binding and freshness
     WRONG_RUN_ID = "wrong_run_id"
     CONFIG_MISMATCH = "config_mismatch"  # a peer of this run id with another run configuration
+    NOT_ADMITTED = "not_admitted"  # a key the founder of a closed run did not admit (protocol.admission)
     DUPLICATE = "duplicate"
     REPLAYED = "replayed"
     # authenticity
@@ -41,6 +42,7 @@ class Reason(enum.StrEnum):
     BAD_STATE = "bad_state"
     BAD_CLAIM = "bad_claim"  # an update claiming more tokens or inner steps than the run allows
     BAD_CHUNK = "bad_chunk"  # a state piece whose length or SHA-256 is not the verified index's
+    TOO_SLOW = "too_slow"  # a blob holder sending under the minimum rate (a tarpit, or a link too slow for the run)
 
 
 class ProtocolError(Exception):

@@ -81,6 +81,7 @@ class Hello(Message):
     challenge: Bytes32
     agent: Annotated[str, Size(0, 128)]
     run_config: Annotated[str, Size(0, 8192)] = ""  # protocol.runconfig: what every node of the run agrees on
+    membership: Annotated[bytes, Size(0, 512)] = b""  # protocol.admission: the founder's word (closed runs)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class UpdateHeader(Message):
     shapes: Shapes
     payload_sha256: Bytes32
     payload_size: int
+    membership: Annotated[bytes, Size(0, 512)] = b""  # protocol.admission: the origin's (closed runs)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ A frame body is a msgpack array:
     [kind: str, body: array, signature: bin]    for `Signed` messages (kind has SIGNED = True)
 
 `body` lists the dataclass fields in declaration order; a nested `PeerInfo` is itself an array of its
-fields. No maps, no floats, no nil, no ext types anywhere. Ints are unsigned 64-bit; text is msgpack str
+fields. Optional fields (those with a default, all at the end) are left off the end of the array while they
+hold their default, so a message that does not use a newer field encodes as it did before the field was
+added; a decoder fills them in. A signed body whose last field holds its default is refused (it has one
+encoding, the shorter one). No maps, no floats, no nil, no ext types anywhere. Ints are unsigned 64-bit; text is msgpack str
 (UTF-8), binary is msgpack bin (`use_bin_type=True`), so the two never mix.
 
 Canonical: every value has exactly one encoding (msgpack's shortest form, which is what msgpack-python
@@ -111,7 +114,12 @@ def _identity(value: Any) -> Any:
 
 def _compile_struct(cls: type) -> tuple[Check, Callable[[Any], Any]]:
     hints = typing.get_type_hints(cls, include_extras=True)
-    fields = [(f.name, *_compile(hints[f.name])) for f in dataclasses.fields(cls)]
+    declared = dataclasses.fields(cls)
+    fields = [(f.name, *_compile(hints[f.name])) for f in declared]
+    defaults = [f.default for f in declared]
+    required = max((i + 1 for i, f in enumerate(declared) if f.default is dataclasses.MISSING), default=0)
+    signed = getattr(cls, "SIGNED", False)
+    shape = f"{required}" if required == len(fields) else f"{required} to {len(fields)}"
 
     def check(value: Any, path: str, local: bool = False) -> Any:
         if local:  # the caller's object: check every field in place
@@ -120,12 +128,17 @@ def _compile_struct(cls: type) -> tuple[Check, Callable[[Any], Any]]:
             for name, c, _ in fields:
                 c(getattr(value, name), f"{path}.{name}", True)
             return value
-        if type(value) is not tuple or len(value) != len(fields):
-            raise _SchemaError(f"{path}: expected array of {len(fields)} fields")
-        return cls(*(c(v, f"{path}.{name}") for (name, c, _), v in zip(fields, value, strict=True)))
+        if type(value) is not tuple or not required <= len(value) <= len(fields):
+            raise _SchemaError(f"{path}: expected array of {shape} fields")
+        if signed and len(value) > required and value[-1] == defaults[len(value) - 1]:
+            raise _SchemaError(f"{path}: optional field {fields[len(value) - 1][0]} sent at its default")
+        return cls(*(c(v, f"{path}.{name}") for (name, c, _), v in zip(fields, value, strict=False)))
 
     def to_wire(value: Any) -> list:
-        return [w(getattr(value, name)) for name, _, w in fields]
+        out = [w(getattr(value, name)) for name, _, w in fields]
+        while len(out) > required and getattr(value, fields[len(out) - 1][0]) == defaults[len(out) - 1]:
+            out.pop()
+        return out
 
     return check, to_wire
 

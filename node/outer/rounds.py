@@ -176,7 +176,8 @@ class Rounds:
         self.stop_requested, self.wait_change = stop_requested, wait_change
         self.slowdown = Slowdown(settings.slowdown)
         poisoning = (settings.misbehave or "").startswith("poison:")
-        self.misbehave = Misbehave(settings.misbehave, host, shapes) if settings.misbehave and not poisoning else None
+        acts = settings.misbehave in Misbehave.MODES
+        self.misbehave = Misbehave(settings.misbehave, host, shapes) if acts else None
         self.poison = Poison(settings.misbehave.removeprefix("poison:"), shapes,
                              loop.batches.batch_size * loop.batches.seq_len, settings.inner_steps) if poisoning else None
         self.peer_clock = PeerRoundClock()
@@ -311,9 +312,10 @@ class Rounds:
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
-        log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes): %s",
+        log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",
                  self.stats.round, result.steps, result.mean_loss, result.seconds, signed.message_id.hex()[:16],
-                 base_slot, meta.target_slot, len(payload), outcome.value if outcome else "refused")
+                 base_slot, meta.target_slot, len(payload), signed.body.payload_sha256.hex()[:12],
+                 outcome.value if outcome else "refused")
         if self.misbehave is not None:
             await self.misbehave.act(base_slot, publish_slot)
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)

@@ -25,6 +25,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.UNSUPPORTED_VERSION: 200.0,
     Reason.WRONG_RUN_ID: 200.0,
     Reason.CONFIG_MISMATCH: 0.0,  # misconfigured, not hostile: refused at the handshake, counted
+    Reason.NOT_ADMITTED: 10.0,  # an update of a key outside a closed run; a goodbye of one not yet known to us
     Reason.DUPLICATE: 0.0,
     Reason.REPLAYED: 10.0,
     Reason.BAD_SIGNATURE: 40.0,
@@ -41,6 +42,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.BAD_STATE: 20.0,
     Reason.BAD_CLAIM: 40.0,  # an update claiming more work than the run allows (signed: hostile, not broken)
     Reason.BAD_CHUNK: 40.0,  # counted by the state download (`node.sync.statefetch`), like a bad blob
+    Reason.TOO_SLOW: 20.0,  # a blob fetch under the minimum rate: five in a row (less the rewards) ban a tarpit
 }
 
 
@@ -101,6 +103,8 @@ class GossipConfig:
     history_s: float = 600.0
     history_max: int = 10_000
     anti_entropy_every: int = 30
+    max_fetches_per_holder: int = 2  # blob fetches in flight from one peer (a tarpit never takes every slot)
+    slow_holder_s: float = 300.0  # a holder that was too slow is tried after all others for this long
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 
 from protocol import signing
+from protocol.admission import Admission
 from protocol.addresses import peer_address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity
@@ -39,7 +40,9 @@ class Handshake:
     peer's authenticated Hello). `expected_peer` (when dialling a known peer id) must match.
     `remote_host` (the connection's remote address, when known) lets the peer's advertised addresses be
     checked against where it is: `bad_address` for one that cannot reach it. `run_config`
-    (`protocol.runconfig`) must equal the peer's: `config_mismatch` names the fields that differ."""
+    (`protocol.runconfig`) must equal the peer's: `config_mismatch` names the fields that differ. In a
+    closed run (`admission`), the peer must be the founder or show a membership that admits it
+    (`not_admitted`); ours is sent in our Hello."""
 
     def __init__(
         self,
@@ -53,8 +56,10 @@ class Handshake:
         agent: str = "diloco",
         remote_host: str | None = None,
         run_config: str = "",
+        admission: Admission | None = None,
     ) -> None:
         self.identity = identity
+        self.admission = admission
         self.validator = validator
         self.expected_peer = expected_peer
         self.remote_host = remote_host
@@ -67,6 +72,7 @@ class Handshake:
             challenge=challenge,
             agent=agent,
             run_config=run_config,
+            membership=admission.credential if admission is not None else b"",
         )
         self.state = State.AWAIT_HELLO
         self.peer: Hello | None = None
@@ -93,6 +99,8 @@ class Handshake:
             if self.expected_peer is not None and message.peer_id != self.expected_peer:
                 raise RemoteProtocolError(Reason.BAD_IDENTITY, f"expected {self.expected_peer}, got {message.peer_id}")
             self._check_addresses(message)
+            if self.admission is not None:
+                self.admission.check_peer(message.peer_id, message.membership)
             self.peer = message
             self.state = State.AWAIT_PROOF
             return [signing.make_hello_proof(self.identity, self.hello, message)]

@@ -103,7 +103,7 @@ class Router:
         self.mcache = MessageCache(config.mcache_windows, config.gossip_windows, config.history_heartbeats, config.history_max)
         self.dials = DialSchedule(config.dial_backoff_s, config.dial_backoff_max_s, rng)
         self.local_blobs: set[str] = set()
-        self.pending = PendingBlobs()
+        self.pending = PendingBlobs(config.max_fetches_per_holder)
         self._dialing: dict[str, str | None] = {}  # address -> expected peer, while a Dial is outstanding
         self._bootstrap_peer: dict[str, str] = {}  # bootstrap address -> the peer found there
         self._iwant_asked: dict[bytes, float] = {}
@@ -361,18 +361,19 @@ class Router:
             if self._holds_manifest_blobs(manifest):  # now we can serve it: forward it on
                 del self._waiting_manifests[message_id]
                 out += self._hold(manifest, None, sender, {sender}, deliver=False)
-        pending = self.pending.done(blob)
+        pending, started = self.pending.done(blob, self.peers)
         if pending is None:
             return out
         origin = source if source is not None else pending.holders[0] if pending.holders else self.local.peer_id
-        return out + self._hold(pending.message, blob, origin, set(pending.holders))
+        return out + started + self._hold(pending.message, blob, origin, set(pending.holders))
 
     def fetch_failed(self, blob: str, peer: str, reason: Reason | None, detail: str, now: float) -> list[Action]:
-        """A Fetch from `peer` failed: `reason` if it sent wrong bytes (penalized), None if it could
-        not be reached. The next holder is tried; when none is left the blob waits for new holders
+        """A Fetch from `peer` failed: `reason` if it sent wrong bytes or sent too slowly (penalized), None
+        if it could not be reached. The next holder is tried; when none is left the blob waits for new holders
         (headers or IHAVEs), and unreachable holders are retried on the next heartbeat."""
         out = self._refuse(peer, reason, detail, now) if reason is not None else []
-        return out + self.pending.failed(blob, peer, reason is not None, self.peers)
+        slow_until = now + self.config.slow_holder_s if reason is Reason.TOO_SLOW else None
+        return out + self.pending.failed(blob, peer, reason is not None, self.peers, slow_until)
 
     def forget_blob(self, blob: str) -> None:
         """The application removed `blob` from the store: its headers are no longer announced or served."""

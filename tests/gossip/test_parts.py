@@ -253,6 +253,53 @@ def test_pending_blobs_fetch_one_holder_at_a_time_and_skip_bad_ones() -> None:
     pending.drop_peer("q")
     assert pending.get("b1").fetching is None and pending.get("b1").holders == []
     assert pending.holder_of_message(message.message_id, "r", connected) == [Fetch("r", "b1", 10)]
-    assert pending.done("b1").blob == "b1" and "b1" not in pending
+    assert pending.done("b1", set())[0].blob == "b1" and "b1" not in pending
     pending.add(message, "b2", 5, now=0.0)
     assert pending.retry(now=200.0, ttl=100.0, connected=connected) == [] and len(pending) == 0
+
+
+def test_pending_blobs_take_at_most_per_holder_fetches_from_one_peer_and_start_the_waiting_ones_later() -> None:
+    from protocol.gossip import Fetch, PendingBlobs
+
+    message = _goodbye(Identity.from_seed(b"\x02" * 32), 1)
+    pending = PendingBlobs(per_holder=2)
+    connected = {"slow", "fast"}
+    for blob in ("b1", "b2", "b3"):
+        pending.add(message, blob, 10, now=0.0)
+    assert pending.holder("b1", "slow", connected) == [Fetch("slow", "b1", 10)]
+    assert pending.holder("b2", "slow", connected) == [Fetch("slow", "b2", 10)]
+    assert pending.holder("b3", "slow", connected) == []  # "slow" is busy with two: b3 waits
+    assert pending.holder("b3", "fast", connected) == [Fetch("fast", "b3", 10)]  # another holder is not
+    pending.add(message, "b4", 10, now=0.0)
+    assert pending.holder("b4", "slow", connected) == []
+    # b1's fetch from "slow" fails as too slow: "slow" is never asked for b1 again, b4 takes its room
+    assert pending.failed("b1", "slow", bad=True, connected=connected) == [Fetch("slow", "b4", 10)]
+    assert pending.holder("b1", "fast", connected) == [Fetch("fast", "b1", 10)]
+    pending.add(message, "b5", 10, now=0.0)
+    assert pending.holder("b5", "slow", connected) == []
+    entry, started = pending.done("b2", connected)
+    assert entry.blob == "b2" and started == [Fetch("slow", "b5", 10)]
+    pending.drop_peer("slow")  # its running fetches will fail; their late reports change nothing
+    assert pending.failed("b4", "slow", bad=False, connected=connected) == []
+
+
+def test_pending_blobs_try_a_holder_that_was_too_slow_after_every_other_one_until_its_mark_expires() -> None:
+    from protocol.gossip import Fetch, PendingBlobs
+
+    message = _goodbye(Identity.from_seed(b"\x02" * 32), 1)
+    pending = PendingBlobs(per_holder=2)
+    connected = {"tarpit", "honest"}
+    pending.add(message, "b1", 10, now=0.0)
+    assert pending.holder("b1", "tarpit", connected) == [Fetch("tarpit", "b1", 10)]
+    assert pending.failed("b1", "tarpit", bad=True, connected=connected, slow_until=100.0) == []
+    for blob in ("b2", "b3"):  # heard from the tarpit first: the honest holder is still asked first
+        pending.add(message, blob, 10, now=0.0)
+        pending.holder(blob, "tarpit", connected)
+    assert pending.get("b2").fetching == "tarpit" and pending.get("b3").fetching is None  # one at a time
+    assert pending.holder("b3", "honest", connected) == [Fetch("honest", "b3", 10)]
+    pending.add(message, "b4", 10, now=0.0)
+    pending.holder("b4", "honest", connected)
+    assert pending.holder("b4", "tarpit", connected) == []
+    pending.retry(now=200.0, ttl=1000.0, connected=connected)  # the mark expired: two in flight again
+    pending.add(message, "b5", 10, now=200.0)
+    assert pending.holder("b5", "tarpit", connected) == [Fetch("tarpit", "b5", 10)]

@@ -14,6 +14,9 @@ import pytest
 
 from node_net_helpers import REPO, node_env
 
+from protocol.admission import grant
+from protocol.identity import Identity
+
 TIMEOUT_S = 120.0
 
 
@@ -30,6 +33,8 @@ def test_each_user_error_is_one_line_naming_its_flag_and_exit_2(tmp_path: Path, 
     (tmp_path / "empty").mkdir()
     (tmp_path / "weights.bin.gz").write_bytes(bytes(range(256)) * 4096)  # 1 MiB of binary, passed as text
     (tmp_path / "a-file").write_text("x")
+    founder, someone = Identity.generate(), Identity.generate()
+    (tmp_path / "other.json").write_text(grant(founder, "errors", someone.peer_id).to_json())
     cases = {
         "missing data": (["--data", str(tmp_path / "nonexistent")], "--data: data source", "does not exist"),
         "empty folder": (["--data", str(tmp_path / "empty")], "--data: folder", "holds no files"),
@@ -44,6 +49,8 @@ def test_each_user_error_is_one_line_naming_its_flag_and_exit_2(tmp_path: Path, 
         "bad peer address": (["--peers", "localhost"], "--peers:", "host:port"),
         "checkpoint dir under a file": (["--checkpoint-dir", str(tmp_path / "a-file" / "ckpt")], "--checkpoint-dir",
                                         "Not a directory"),
+        "membership of another key": (["--membership", str(tmp_path / "other.json")], "--membership", "but --key is"),
+        "membership not one": (["--membership", str(tmp_path / "a-file")], "--membership", "not a membership file"),
     }
     procs = {}
     for name, (args, _, _) in cases.items():

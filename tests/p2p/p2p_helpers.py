@@ -12,6 +12,7 @@ import trio
 from p2p.config import HostConfig
 from p2p.host import Host, run
 from protocol import wire
+from protocol.admission import Admission
 from protocol.framing import FrameDecoder, frame
 from protocol.gossip import GossipConfig, Handshake, State
 from protocol.identity import Identity
@@ -75,9 +76,9 @@ class RawPeer:
         stream = await trio.open_tcp_stream(host, int(port))
         return cls(stream, identity or Identity.generate(), run_id)
 
-    async def handshake(self, now: float, http_addr: str = "") -> Handshake:
+    async def handshake(self, now: float, http_addr: str = "", admission: Admission | None = None) -> Handshake:
         hs = Handshake(self.identity, Validator(self.run_id), gossip_addr="", http_addr=http_addr,
-                       challenge=os.urandom(32))
+                       challenge=os.urandom(32), admission=admission)
         await self.send(hs.hello)
         while hs.state is not State.DONE:
             for message in hs.receive_frame(await self.next_frame(), now):

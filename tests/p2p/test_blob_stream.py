@@ -208,3 +208,55 @@ async def test_a_request_body_reaches_the_handler_and_an_oversized_one_is_refuse
     assert (ok.status_code, ok.content) == (200, b'{"x": 1}')
     assert big.status_code == 413
     assert seen == [b'{"x": 1}']
+
+
+async def serve_trickle(nursery: trio.Nursery, head: bytes, body: bytes, *, head_too: bool, every_s: float) -> str:
+    """A one-shot tarpit: sends the response (from its first byte if `head_too`, else after the head)
+    one byte per `every_s` seconds."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+
+    async def accept_once() -> None:
+        async with listener:
+            stream = await listener.accept()
+            async with stream:
+                while b"\r\n\r\n" not in await stream.receive_some(4096):
+                    pass
+                if not head_too:
+                    await stream.send_all(head)
+                for byte in (head if head_too else b"") + body:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(every_s)
+
+    nursery.start_soon(accept_once)
+    return f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("head_too", [False, True], ids=["body", "head"])
+async def test_a_holder_under_the_minimum_rate_is_dropped_as_too_slow_after_the_grace(
+        tmp_path: Path, autojump_clock: trio.abc.Clock, head_too: bool) -> None:
+    body = os.urandom(50_000)
+    with trio.fail_after(1000):
+        async with trio.open_nursery() as nursery:
+            # a byte every 20 s never trips the 60 s silence timeout: only the rate floor ends it
+            url = await serve_trickle(nursery, ok_head(len(body)), body, head_too=head_too, every_s=20.0)
+            async with BlobClient(BlobStore(tmp_path), Counters(), local_peer="B", timeout=60.0,
+                                  min_rate=10_000, grace=10.0) as client:
+                t0 = trio.current_time()
+                with pytest.raises(RemoteProtocolError) as err:
+                    await client.fetch_once("A", url, blob_hex(body), len(body))
+                assert err.value.reason is Reason.TOO_SLOW
+                assert 10.0 <= trio.current_time() - t0 < 11.0
+            nursery.cancel_scope.cancel()
+    assert list(tmp_path.glob("*.part")) == []
+
+
+async def test_a_holder_at_the_minimum_rate_finishes(tmp_path: Path) -> None:
+    body = os.urandom(100)
+    with trio.fail_after(30):  # real time: the autojump clock would jump past the store's worker thread
+        async with trio.open_nursery() as nursery:
+            # ~200 B/s (less under load) against a floor of 25 B/s after 0.2 s: slow, but never behind
+            url = await serve_trickle(nursery, ok_head(len(body)), body, head_too=False, every_s=0.005)
+            async with BlobClient(BlobStore(tmp_path), Counters(), local_peer="B", min_rate=25, grace=0.2) as client:
+                await client.fetch_once("A", url, blob_hex(body), len(body))
+            nursery.cancel_scope.cancel()
+    assert BlobStore(tmp_path).size(blob_hex(body)) == len(body)

@@ -58,7 +58,9 @@ blobs = st.lists(st.tuples(names, b32, st.integers(0, 2**36)), max_size=5, uniqu
     lambda xs: tuple(sorted(xs))
 )
 
-hellos = st.builds(Hello, run_ids, st.just(PROTOCOL_VERSION) | u64, peer_ids, addrs, addrs, b32, text)
+memberships = st.one_of(st.just(b""), st.binary(min_size=1, max_size=200))  # optional fields: empty is left off
+hellos = st.builds(Hello, run_ids, st.just(PROTOCOL_VERSION) | u64, peer_ids, addrs, addrs, b32, text,
+                   st.one_of(st.just(""), text), memberships)
 hello_proofs = st.builds(HelloProof, run_ids, peer_ids, b64)
 peer_exchanges = st.builds(PeerExchange, run_ids, st.lists(peer_infos, max_size=5).map(tuple))
 heartbeats = st.builds(Heartbeat, run_ids, u64, u64, st.text(max_size=8), u64)
@@ -71,11 +73,11 @@ control_messages = st.one_of(hellos, hello_proofs, peer_exchanges, heartbeats, g
 
 def _update(origin, run_id=RUN_ID):
     return st.builds(
-        lambda seq, base, gap, tokens, steps, codec, shp, sha: UpdateHeader(
+        lambda seq, base, gap, tokens, steps, codec, shp, sha, membership: UpdateHeader(
             run_id, origin, seq, base, base + gap, tokens, steps, codec, shp, sha,
-            payload_size(dict(shp), codec),
+            payload_size(dict(shp), codec), membership,
         ),
-        small, small, small, st.integers(1, 2**32), st.integers(1, 10**6), codecs, shapes, b32,
+        small, small, small, st.integers(1, 2**32), st.integers(1, 10**6), codecs, shapes, b32, memberships,
     ).filter(lambda u: u.payload_size <= MAX_PAYLOAD_SIZE)  # four dimensions of 512 floats can pass the bound
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -170,3 +172,29 @@ def test_signing_input_is_domain_separated_by_kind():
 
 def test_decode_errors_are_protocol_errors():
     assert issubclass(RemoteProtocolError, ProtocolError)
+
+
+def test_optional_fields_are_left_off_at_their_default_and_filled_in_when_absent():
+    from protocol.messages import Hello
+
+    body = UpdateHeader(RUN_ID, IDENTITIES[0].peer_id, 1, 0, 0, 1, 1, "fp32", (("w", (2,)),), b"\0" * 32, 8)
+    assert len(msgpack.unpackb(wire.encode_body(body))) == 11  # as before `membership` was added
+    admitted = dataclasses.replace(body, membership=b"cert")
+    assert len(msgpack.unpackb(wire.encode_body(admitted))) == 12
+    hello = Hello(RUN_ID, 1, IDENTITIES[0].peer_id, "", "", b"\1" * 32, "x")
+    assert len(msgpack.unpackb(wire.encode(hello))[1]) == 7
+    assert wire.decode(wire.encode(hello)) == hello  # an older peer's hello: run_config "", no membership
+    explicit = msgpack.packb(["hello", [*msgpack.unpackb(wire.encode(hello))[1], "", b""]], use_bin_type=True)
+    assert wire.decode(explicit) == hello  # a control message may spell its defaults out
+
+
+def test_a_signed_body_spelling_its_last_optional_field_at_the_default_is_refused():
+    body = UpdateHeader(RUN_ID, IDENTITIES[0].peer_id, 1, 0, 0, 1, 1, "fp32", (("w", (2,)),), b"\0" * 32, 8)
+    fields = [*msgpack.unpackb(wire.encode_body(body)), b""]
+    frame = msgpack.packb(["update", fields, b"\0" * 64], use_bin_type=True)
+    with pytest.raises(RemoteProtocolError) as err:
+        wire.decode(frame)  # two encodings of one body would be two message ids for one signature input
+    assert err.value.reason is Reason.BAD_SCHEMA
+    short = msgpack.packb(["update", fields[:10], b"\0" * 64], use_bin_type=True)
+    with pytest.raises(RemoteProtocolError):
+        wire.decode(short)  # required fields stay required

@@ -1,0 +1,76 @@
+"""Tier (c): a closed run (PROTOCOL.md §7b) on real processes. The founder (`--closed`) and a member it admitted
+(`--membership`, written as `diloco-admit grant` writes it) train together; a key outside the run is refused:
+one that copies the run's configuration but shows no membership is refused as `not_admitted` at the
+handshake, and a node of an open run as `config_mismatch` naming `run.founder`. Both refusals are counted."""
+
+from __future__ import annotations
+
+import os
+
+import trio
+from node_net_helpers import RUN_ID
+
+from protocol import wire
+from protocol.admission import grant
+from protocol.errors import RemoteProtocolError
+from protocol.framing import FrameDecoder, frame
+from protocol.gossip import Handshake
+from protocol.identity import Identity
+from protocol.messages import split_addr
+from protocol.validation import Validator
+
+COMMON = ["--inner-steps", "5", "--heartbeat", "0.5", "--eval-every", "0", "--sync-timeout", "5", "--slowdown", "20"]
+START_S = 180.0
+
+
+async def _handshake_without_membership(address: str, run_config: str) -> str:
+    """Dial `address` with a fresh key, the run's configuration and no membership; how the node answered."""
+    host, port = split_addr(address)
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        handshake = Handshake(Identity.generate(), Validator(RUN_ID), gossip_addr="", http_addr="",
+                              challenge=os.urandom(32), run_config=run_config)
+        await stream.send_all(frame(wire.encode(handshake.hello)))
+        decoder = FrameDecoder()
+        with trio.fail_after(30):
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return "closed"
+                decoder.receive_data(data)
+                while (body := decoder.next_frame()) is not None:
+                    try:
+                        for reply in handshake.receive_frame(body, trio.current_time()):
+                            await stream.send_all(frame(wire.encode(reply)))
+                    except RemoteProtocolError as exc:
+                        return f"refused: {exc.reason.value}"
+
+
+def test_a_closed_run_trains_with_its_members_and_refuses_every_other_key(cluster, tmp_path) -> None:
+    keys = {}
+    for name in ("founder", "member"):
+        (tmp_path / name).mkdir()
+        keys[name] = Identity.load_or_create(tmp_path / name / "key")  # the key the node will run with
+    membership = tmp_path / "member.json"
+    membership.write_text(grant(keys["founder"], RUN_ID, keys["member"].peer_id).to_json())
+
+    founder = cluster("founder", *COMMON, "--closed")
+    founder.wait_listening(START_S)
+    member = cluster("member", *COMMON, "--membership", str(membership), "--peers", founder.gossip)
+    outsider = cluster("outsider", *COMMON, "--peers", founder.gossip)  # an open run's node
+    for node in (member, outsider):
+        node.wait_listening(START_S)
+    member.wait_status(lambda s: s["round"] >= 3 and founder.peer_id in s["peers"], START_S, "the member training")
+    founder.wait_log(f"fetched blob [0-9a-f]+ \\([0-9]+ bytes\\) from {member.peer_id}", 60.0)  # the member's update
+    status = founder.status()
+    assert status["admission"] == {"closed": True, "founder": keys["founder"].peer_id}
+    assert member.status()["admission"] == status["admission"]
+    assert member.status()["run_config_hash"] == status["run_config_hash"]
+
+    assert trio.run(_handshake_without_membership, founder.gossip, status["run_config"]) == "closed"
+    founder.wait_status(lambda s: s["updates_rejected"].get("not_admitted", 0) >= 1, 30.0, "not_admitted counted")
+    founder.wait_log("config_mismatch", 60.0)
+    line = next(ln for ln in founder.log_path.read_text().splitlines() if "config_mismatch" in ln)
+    assert "run.founder" in line, line
+    assert outsider.peer_id not in founder.status()["peers"]
+    assert outsider.peer_id not in member.status()["peers"]

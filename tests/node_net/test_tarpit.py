@@ -1,0 +1,68 @@
+"""Tier (c): a tarpitting peer does not slow the intake of updates from honest peers.
+
+Three nodes train a fixed number of rounds, twice: all honest, then with the third one started with
+`--misbehave tarpit` (it trains and publishes honestly, but serves every blob one byte per 20 s). Node a's
+intake of node b's updates is measured in both runs from the logs: for each update b published, whether a
+fetched its blob within `ON_TIME_S` of the publication. The tarpitted run must take at least
+`1 - TOLERANCE` of the honest run's on-time count, and a must have dropped the tarpit's downloads as
+`too_slow`.
+
+Before the minimum rate (`p2p.blobfetch`) and the per-holder limit (`protocol.gossip.fetches`), each download
+from such a peer held one of the four fetch slots for good (a byte every 20 s never trips the 60 s silence
+timeout): after its fourth round, nothing from anyone reached a (issue "Trust in a running training":
+27 updates in 75 s instead of ~580).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+ROUNDS = 14
+# --slowdown makes the rounds ~1.5 s of sleeping (little CPU), so all three nodes train side by side
+COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "100", "--drain-timeout", "20",
+          "--checkpoint-interval", "0", "--max-rounds", str(ROUNDS), "--slowdown", "30"]
+ON_TIME_S = 5.0  # a few rounds: a download held up by a tarpit takes ~20 s per byte
+TOLERANCE = 0.20
+START_S = 180.0
+
+_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+_PUBLISHED = re.compile(_STAMP + r".*published [0-9a-f]+ \(.*blob ([0-9a-f]{12})\)", re.M)
+_FETCHED = re.compile(_STAMP + r".*fetched blob ([0-9a-f]{12}) ", re.M)
+
+
+def _times(pattern: re.Pattern[str], log: Path) -> dict[str, datetime]:
+    found: dict[str, datetime] = {}
+    for stamp, blob in pattern.findall(log.read_text()):
+        found.setdefault(blob, datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"))
+    return found
+
+
+def _on_time_intake(cluster, prefix: str, third: list[str]) -> tuple[int, int, str]:
+    """Run a, b and a third node to the end; how many of b's updates a fetched within ON_TIME_S, of how
+    many b published; and a's log."""
+    a = cluster(f"{prefix}a", *COMMON)
+    a.wait_listening(START_S)
+    b = cluster(f"{prefix}b", *COMMON, "--peers", a.gossip)
+    other = cluster(f"{prefix}c", *COMMON, *third, "--peers", a.gossip)
+    for node in (b, other):
+        node.wait_listening(START_S)
+    for node in (a, b):
+        assert node.wait_exit(300.0) == 0, node.log_tail()
+    other.kill()
+    published, fetched = _times(_PUBLISHED, b.log_path), _times(_FETCHED, a.log_path)
+    assert len(published) >= ROUNDS - 1, "b published its rounds"
+    on_time = sum(1 for blob, at in published.items()
+                  if blob in fetched and (fetched[blob] - at).total_seconds() <= ON_TIME_S)
+    return on_time, len(published), a.log_path.read_text()
+
+
+def test_a_tarpitting_peer_does_not_slow_the_intake_of_honest_updates(cluster) -> None:
+    honest, published, _ = _on_time_intake(cluster, "honest-", [])
+    assert honest >= published // 2, f"without a tarpit, {honest} of {published} of b's updates reached a on time"
+    tarpitted, published_t, log = _on_time_intake(cluster, "tarpit-", ["--misbehave", "tarpit"])
+    assert tarpitted >= (1 - TOLERANCE) * honest, (
+        f"with a tarpit {tarpitted} of {published_t} of b's updates reached a within {ON_TIME_S} s; "
+        f"without, {honest} of {published}")
+    assert "too_slow" in log, "a dropped the tarpit's downloads, with the reason"
