@@ -165,7 +165,7 @@ class ChaosRoute:
         self.blocked: dict[str, float] = {}  # peer -> Unix time the block ends
 
     def mount(self) -> None:
-        self.host.http.route("POST", "/chaos", self.handle)
+        self.host.http.route("POST", "/chaos", self.handle, per_client="10/second")
 
     async def handle(self, request: Request) -> Response:
         try:

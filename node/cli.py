@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     admission.add_argument("--membership", type=Path, default=None, metavar="FILE",
                            help="join a closed run: the membership file its founder granted to --key's peer id "
                                 "(diloco-admit id --key FILE prints it); default: an open run, anyone may join")
+    net.add_argument("--adopt", action=argparse.BooleanOptionalAction, default=True,
+                     help="with --peers: before starting, read the run's configuration from a bootstrap peer and "
+                          "train with it, so only --run-id and --peers are needed to join; a run-wide flag given "
+                          "here that differs from the run's is an error naming it (default: on)")
     net.add_argument("--heartbeat", type=float, default=1.0, metavar="SECONDS",
                      help="gossip heartbeat interval; a peer silent for 5 heartbeats is gone (default %(default)s)")
     train = p.add_argument_group("training")
@@ -250,6 +254,14 @@ def _report(exc: BaseException) -> int:
     return max(status for status, _ in errors)
 
 
+def explicit_flags(argv: Sequence[str] | None) -> frozenset[str]:
+    """The destinations (NodeSettings fields) of the options given on the command line, defaults aside."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return frozenset(vars(parser.parse_args(argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the node, return the exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
@@ -263,6 +275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return_freed_memory()
 
         runtime = NodeRuntime(settings_from_args(args))
+        if args.adopt and runtime.settings.peers:
+            from node.adopt import adopt_run_config
+
+            settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, explicit_flags(argv),
+                                min(30.0, args.sync_timeout or 30.0))
+            if settings is not runtime.settings:
+                runtime = NodeRuntime(settings, runtime.identity)
         return trio.run(_serve, runtime, args.stop_timeout)
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - user errors reported, bugs re-raised
         return _report(exc)

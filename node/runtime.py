@@ -37,12 +37,12 @@ from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
 from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
-from node.island.model import embedding_names, param_shapes
+from node.island.model import param_shapes
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
-from node.settings import NodeSettings, load_admission, run_configuration
+from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.train import InnerLoop
 from node.outer.updates import accept_hook, decode_update, update_meta
@@ -50,7 +50,7 @@ from protocol.compression import ErrorFeedback
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
-from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, LedgerSnapshot, Outcome, SlotClosePolicy
+from protocol.ledger import ClosePolicyConfig, Ledger, LedgerSnapshot, Outcome, SlotClosePolicy
 from protocol.messages import Goodbye, UpdateHeader, split_addr
 
 __all__ = ["NodeRuntime", "Stopped"]
@@ -88,15 +88,7 @@ class NodeRuntime:
         self.peer_id = self.identity.peer_id
         self.cfg = settings.ml_config(self.peer_id)
         self.shapes = param_shapes(self.cfg.model)
-        self.ledger_config = LedgerConfig(
-            window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
-            embeddings=frozenset(embedding_names(self.cfg.model)), norm_clip=settings.norm_clip,
-            # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
-            tokens_per_step=self.cfg.data.batch_size * self.cfg.model.seq_len, max_inner_steps=settings.inner_steps,
-            # AdamW moves an element by at most about the learning rate per step; honest updates measure
-            # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
-            # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
-            max_step_rms=0.5 * self.cfg.inner.lr)
+        self.ledger_config = ledger_config(settings, self.cfg)
         self.admission = load_admission(settings, self.peer_id)
         self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint(), self.admission.founder)
         self.stats = NodeStats(self.peer_id)

@@ -19,10 +19,11 @@ from node.island.config import Config, ConfigError, preset
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
 from protocol.compression import Codec
+from protocol.ledger import LedgerConfig
 from protocol.messages import split_addr
 from protocol.runconfig import encode_config
 
-__all__ = ["CHAOS_MODES", "NodeSettings", "load_admission", "run_configuration"]
+__all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "run_configuration"]
 
 CHAOS_MODES = ("garbage", "bad-updates", "tarpit", "poison:negate", "poison:scale", "poison:random", "poison:tokens")
 
@@ -143,6 +144,21 @@ class NodeSettings:
         if self.data:
             extra["sources"] = self.data
         return cfg.with_overrides(**extra)
+
+
+def ledger_config(settings: NodeSettings, cfg: Config) -> LedgerConfig:
+    """The outer optimizer's settings (`protocol.ledger.LedgerConfig`) for this node's flags and model."""
+    from node.island.model import embedding_names  # JAX: not imported for `diloco-node --help`
+
+    return LedgerConfig(
+        window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
+        embeddings=frozenset(embedding_names(cfg.model)), norm_clip=settings.norm_clip,
+        # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
+        tokens_per_step=cfg.data.batch_size * cfg.model.seq_len, max_inner_steps=settings.inner_steps,
+        # AdamW moves an element by at most about the learning rate per step; honest updates measure
+        # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
+        # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
+        max_step_rms=0.5 * cfg.inner.lr)
 
 
 def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: Mapping[str, object],

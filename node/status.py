@@ -31,6 +31,8 @@ from node.outer.replica import Replica
 
 __all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
 
+STATUS_LIMIT = "50/second"  # per client address, for /status and /metrics (a poll a second is plenty)
+
 # Where a node's wall time goes (`NodeStats.time_s`, `/status` "time_s"): inner steps, and everything else.
 # Phases ending in "_bg" run alongside the others (background threads) and are not part of the sum.
 PHASES = ("prepare", "sync", "round_start", "inner_steps", "train_hop", "compress", "publish", "ledger_add",
@@ -130,6 +132,7 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "dial_failures": host.dial_failures.describe(),
         "resumed_round": stats.resumed_round,
         "disk_errors": dict(sorted(stats.disk_errors.items())),
+        "http_throttled": dict(sorted(host.http.throttled.items())),
         "run_config_hash": config_hash(host.config.run_config),
         "run_config": host.config.run_config,
         "admission": {"closed": host.config.admission.closed, "founder": host.config.admission.founder},
@@ -207,8 +210,8 @@ class StatusRoutes:
         self.registry.register(_Collector(self))
 
     def mount(self) -> None:
-        self.host.http.route("GET", "/status", self.status)
-        self.host.http.route("GET", "/metrics", self.metrics)
+        self.host.http.route("GET", "/status", self.status, per_client=STATUS_LIMIT)
+        self.host.http.route("GET", "/metrics", self.metrics, per_client=STATUS_LIMIT)
 
     async def status(self, request: Request) -> Response:
         digests = await self.replica.digests() if self.replica is not None else None

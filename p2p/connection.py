@@ -94,7 +94,7 @@ class Connection:
     def enqueue(self, data: bytes, now: float) -> bool:
         """Queue an encoded frame. False (and counted) if the queue is full."""
         if len(self._queue) >= self.queue_frames or self._queued_bytes + len(data) > self.queue_bytes:
-            self.counters.dropped_frames[self.peer] += 1
+            self.counters.dropped(self.peer)
             if self.congested_since is None:
                 self.congested_since = now
             return False

@@ -1,6 +1,8 @@
 """Byte and frame counters per peer and per kind (control frames vs blobs), and rejections by reason.
 
-One `Counters` object per host; every I/O path adds to it. `snapshot()` is JSON-ready for `/status`
+One `Counters` object per host; every I/O path adds to it. Per-peer counts name at most `MAX_NAMED_PEERS`
+peers (or remote hosts); later ones are counted together as `other`, so many keys or addresses cannot grow
+memory, `/status` or the metric labels without bound. `snapshot()` is JSON-ready for `/status`
 and `/metrics`. Counting is synchronous and cheap (plain ints), safe from any trio task; the blob
 paths that run in worker threads report back to the trio thread before counting.
 """
@@ -14,6 +16,8 @@ from dataclasses import asdict, dataclass
 from protocol.errors import Reason
 
 UNKNOWN_PEER = "unknown"  # traffic before a handshake completed, or an HTTP client that named no peer
+OTHER_PEERS = "other"  # every peer past the first MAX_NAMED_PEERS (totals stay exact; labels stay bounded)
+MAX_NAMED_PEERS = 1024
 
 
 class Kind(enum.StrEnum):
@@ -48,9 +52,17 @@ class Counters:
         self.blobs_served = 0  # complete bodies sent to peers
         self.events: Counter[str] = Counter()  # connects, disconnects, dials, ... by name
         self.queued_by_kind: Counter[str] = Counter()  # control bytes queued for sending, by message kind
+        self._names: set[str] = {UNKNOWN_PEER, OTHER_PEERS}  # peers counted under their own name
+
+    def _named(self, peer: str) -> str:
+        """`peer` itself while fewer than MAX_NAMED_PEERS are named (or it already is), else OTHER_PEERS."""
+        if peer in self._names or len(self._names) < MAX_NAMED_PEERS:
+            self._names.add(peer)
+            return peer
+        return OTHER_PEERS
 
     def traffic(self, peer: str, kind: Kind) -> Traffic:
-        key = (peer, kind)
+        key = (self._named(peer), kind)
         found = self._traffic.get(key)
         if found is None:
             found = self._traffic[key] = Traffic()
@@ -68,7 +80,11 @@ class Counters:
 
     def rejected(self, peer: str, reason: Reason) -> None:
         self.rejections[reason] += 1
-        self.rejections_by_peer.setdefault(peer, Counter())[reason] += 1
+        self.rejections_by_peer.setdefault(self._named(peer), Counter())[reason] += 1
+
+    def dropped(self, peer: str) -> None:
+        """A frame for `peer` was dropped: its send queue was full."""
+        self.dropped_frames[self._named(peer)] += 1
 
     def total(self, kind: Kind) -> Traffic:
         out = Traffic()

@@ -5,6 +5,9 @@ The node's HTTP plane: `GET /blobs/<hex>` (see `p2p.blobserve`) plus whatever th
 
 Contract:
 - Routes match on (method, path prefix); the longest matching prefix wins. Unknown paths get 404.
+- A route may be rate limited per client address (`per_client`, e.g. `"20/second"`, the `limits`
+  library's notation, a moving window): a client past it is answered 429 with `retry-after`, without
+  calling the handler, and counted in `HttpApp.throttled` (by route).
 - A request body (small control requests such as `POST /chaos`) is read whole into `Request.body`, up
   to `MAX_REQUEST_BODY` bytes; a larger one is answered 413 without calling the handler.
 - A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +34,10 @@ from typing import Any
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from limits import RateLimitItem
+from limits import parse as parse_limit
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 
 from p2p.errors import TransportError
 from protocol.errors import LocalProtocolError
@@ -77,20 +85,29 @@ class HttpApp:
     """An ASGI app whose routes can be added while it runs."""
 
     def __init__(self) -> None:
-        self._routes: dict[tuple[str, str], Handler] = {}
+        self._routes: dict[tuple[str, str], tuple[Handler, RateLimitItem | None]] = {}
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self.throttled: Counter[str] = Counter()  # requests answered 429, by route prefix
 
-    def route(self, method: str, prefix: str, handler: Handler) -> None:
-        """Serve requests `method` whose path starts with `prefix` by `handler` (replaces any)."""
+    def route(self, method: str, prefix: str, handler: Handler, *, per_client: str | None = None) -> None:
+        """Serve requests `method` whose path starts with `prefix` by `handler` (replaces any), at most
+        `per_client` requests (e.g. "20/second") per client address."""
         if not prefix.startswith("/"):
             raise LocalProtocolError(f"route prefix must start with '/': {prefix!r}")
-        self._routes[(method.upper(), prefix)] = handler
+        self._routes[(method.upper(), prefix)] = (handler, parse_limit(per_client) if per_client else None)
 
-    def _find(self, method: str, path: str) -> Handler | None:
-        best: tuple[int, Handler] | None = None
-        for (m, prefix), handler in self._routes.items():
-            if m == method and path.startswith(prefix) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), handler)
-        return None if best is None else best[1]
+    def _find(self, method: str, path: str) -> tuple[str, Handler, RateLimitItem | None] | None:
+        best: tuple[str, Handler, RateLimitItem | None] | None = None
+        for (m, prefix), (handler, limit) in self._routes.items():
+            if m == method and path.startswith(prefix) and (best is None or len(prefix) > len(best[0])):
+                best = (prefix, handler, limit)
+        return best
+
+    def _allowed(self, prefix: str, limit: RateLimitItem | None, client: tuple[str, int] | None) -> bool:
+        if limit is None or self._limiter.hit(limit, prefix, client[0] if client else "?"):
+            return True
+        self.throttled[prefix] += 1
+        return False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -110,8 +127,13 @@ class HttpApp:
             client=tuple(scope["client"]) if scope.get("client") else None,
             body=body,
         )
-        handler = self._find(request.method, request.path)
-        response = Response.text(404, "not found\n") if handler is None else await handler(request)
+        found = self._find(request.method, request.path)
+        if found is None:
+            response = Response.text(404, "not found\n")
+        elif not self._allowed(found[0], found[2], request.client):
+            response = Response(429, b"too many requests from this address\n", {"retry-after": "1"})
+        else:
+            response = await found[1](request)
         await _send_response(send, receive, response)
 
 

@@ -306,6 +306,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     for warning in warnings + alerts(fig):
         _say(f"warning: {warning}")
     _say(f"report: {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'loss.png'}")
+    checkpoints = run_dir / "checkpoints" / "node-0"
+    _say(f"the model: diloco-sample {checkpoints} (text), diloco-export {checkpoints} -o model.safetensors")
     return run_dir
 
 

@@ -425,7 +425,8 @@ class Rounds:
             snapshot, _, _ = await self.replica.snapshot()
             meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
                     "slot": snapshot.slot, "updates_published": self.stats.updates_published,
-                    "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time()}
+                    "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
+                    "run_config": self.host.config.run_config}  # what `diloco-export`/`diloco-sample` rebuild from
             inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
         self._last_checkpoint = (self.stats.round, trio.current_time())
         checkpoints = self.checkpoints

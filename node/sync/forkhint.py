@@ -39,7 +39,7 @@ class ForkHintRoute:
         self.host, self.peers_to_compare = host, peers_to_compare
 
     def mount(self) -> None:
-        self.host.http.route("POST", COMPARE_PATH, self.handle)
+        self.host.http.route("POST", COMPARE_PATH, self.handle, per_client="10/second")
 
     async def handle(self, request: Request) -> Response:
         try:

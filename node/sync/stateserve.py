@@ -133,7 +133,7 @@ class StateServer:
         self._added: set[str] = set()  # payload blobs this server put into the store
 
     def mount(self) -> None:
-        self.host.http.route("GET", STATE_PATH, self.handle)
+        self.host.http.route("GET", STATE_PATH, self.handle, per_client="20/second")
         self.host.http.route("GET", BOTTOM_PREFIX, self.handle_piece)
 
     async def handle(self, request: Request) -> Response:

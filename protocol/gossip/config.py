@@ -84,6 +84,7 @@ class GossipConfig:
     heartbeat_timeout_s: float = 5.0  # silence longer than this: the peer is considered dead
     target_peers: int = 8  # dial known peers while fewer are connected
     max_peers: int = 32  # refuse connections beyond this
+    min_outbound: int = 2  # keep dialling until this many peers are ones we dialled; inbound ones leave them room
     max_dials_per_heartbeat: int = 4
     dial_backoff_s: float = 0.5  # first retry delay; doubles per failure, +-50% jitter
     dial_backoff_max_s: float = 30.0

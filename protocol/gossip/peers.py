@@ -1,9 +1,12 @@
 """The table of known peers: where to reach them and whether they said goodbye. Pure; `now` passed in.
 
-Peers enter from handshakes (authenticated addresses: the Hello is covered by the HelloProof) and
-from peer exchange (hearsay: an address learned that way is only a dial candidate, and a dial checks
-the peer id in the handshake). A peer that said goodbye is not dialled again until it reconnects.
-The table is bounded (`max_entries`): the entries heard of longest ago are dropped first.
+Peers enter from handshakes (first-hand: the Hello is covered by the HelloProof) and from peer exchange
+(hearsay: an address learned that way is only a dial candidate, and a dial checks the peer id in the
+handshake). A peer that said goodbye is not dialled again until it reconnects.
+
+Against eclipsing (a hostile peer flooding peer exchanges with addresses of its own keys): peers this node
+has been connected to are dialled before any hearsay, and the bound (`max_entries`) drops hearsay first,
+the entries heard of longest ago first; a first-hand entry goes only when no hearsay is left.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class PeerRecord:
     info: PeerInfo
     last_heard: float  # when we last connected to it or were told about it
     left: bool = False  # it sent a signed goodbye
+    first_hand: bool = False  # we have been connected to it (its addresses were authenticated)
 
 
 class PeerTable:
@@ -50,7 +54,7 @@ class PeerTable:
 
     def connected(self, info: PeerInfo, now: float) -> None:
         """First-hand: a handshake with this peer just completed (its addresses are authenticated)."""
-        self._records[info.peer_id] = PeerRecord(info, now, left=False)
+        self._records[info.peer_id] = PeerRecord(info, now, left=False, first_hand=True)
         self._bound()
 
     def left(self, peer: str) -> None:
@@ -62,9 +66,10 @@ class PeerTable:
         self._records.pop(peer, None)
 
     def dial_candidates(self, exclude: set[str]) -> list[PeerInfo]:
-        """Peers worth dialling (not left, not in `exclude`), most recently heard first."""
+        """Peers worth dialling (not left, not in `exclude`): first-hand ones, then hearsay, each most recently
+        heard first."""
         records = [r for p, r in self._records.items() if p not in exclude and not r.left and r.info.gossip_addr]
-        records.sort(key=lambda r: (-r.last_heard, r.info.peer_id))
+        records.sort(key=lambda r: (not r.first_hand, -r.last_heard, r.info.peer_id))
         return [r.info for r in records]
 
     def sample(self, n: int, rng: random.Random, exclude: set[str]) -> tuple[PeerInfo, ...]:
@@ -77,7 +82,7 @@ class PeerTable:
 
     def _bound(self) -> None:
         if len(self._records) > self.max_entries:
-            oldest = sorted(self._records.values(), key=lambda r: r.last_heard)
+            oldest = sorted(self._records.values(), key=lambda r: (r.first_hand, r.last_heard))
             for record in oldest[: len(self._records) - self.max_entries]:
                 del self._records[record.info.peer_id]
 

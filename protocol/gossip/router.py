@@ -35,8 +35,8 @@ Rules (the whole state of the overlay lives here):
                                                           each); REPLAYED answers to it not penalized
     scores / bans       every Reject                     below disconnect: Disconnect + ban; a refused
                                                           control frame also disconnects (PROTOCOL.md 9)
-    dials               heartbeat, PX, dial_failed       while < target_peers: known peers, then
-                                                          bootstrap addresses; backoff with jitter
+    dials               heartbeat, PX, dial_failed       `protocol.gossip.dialer`: while < target_peers
+                                                          or < min_outbound dialled by us
 
 Seen-cache, replay window and every message check are `protocol.validation.Validator`'s.
 """
@@ -49,9 +49,10 @@ from collections.abc import Callable, Sequence
 from protocol import wire
 from protocol.addresses import peer_address_problem
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.gossip.actions import Action, Deliver, Dial, Disconnect, Reject, Send
+from protocol.gossip.actions import Action, Deliver, Disconnect, Reject, Send
 from protocol.gossip.backoff import DialSchedule
 from protocol.gossip.config import GossipConfig
+from protocol.gossip.dialer import Dialer
 from protocol.gossip.fetches import PendingBlobs
 from protocol.gossip.mcache import MessageCache
 from protocol.gossip.mesh import gossip_targets, plan_mesh
@@ -104,8 +105,7 @@ class Router:
         self.dials = DialSchedule(config.dial_backoff_s, config.dial_backoff_max_s, rng)
         self.local_blobs: set[str] = set()
         self.pending = PendingBlobs(config.max_fetches_per_holder)
-        self._dialing: dict[str, str | None] = {}  # address -> expected peer, while a Dial is outstanding
-        self._bootstrap_peer: dict[str, str] = {}  # bootstrap address -> the peer found there
+        self.dialer = Dialer(config, self.bootstrap, self.dials)
         self._iwant_asked: dict[bytes, float] = {}
         self._announcers: dict[bytes, list[str]] = {}  # IHAVEs for ids asked but not yet received
         self._waiting_manifests: dict[bytes, tuple[Signed, str]] = {}  # delivered, blobs not all here
@@ -119,10 +119,7 @@ class Router:
         peer = hello.peer_id
         info = PeerInfo(peer, hello.gossip_addr, hello.http_addr)
         if dialed is not None:
-            self._dialing.pop(dialed, None)
-            if dialed in self.bootstrap:
-                self._bootstrap_peer[dialed] = peer
-            self.dials.succeeded(dialed)
+            self.dialer.connected(dialed, peer)
         if self.scores.banned(peer, now):
             return [Reject(peer, Reason.PEER_BANNED, "banned"), Disconnect(peer, conn, "banned")]
         out: list[Action] = []
@@ -132,7 +129,7 @@ class Router:
                 return [Disconnect(peer, conn, "duplicate connection")]
             out.append(Disconnect(peer, old.conn, "replaced by a newer connection"))
             self._drop(peer)
-        elif len(self.peers) >= self.config.max_peers:
+        elif len(self.peers) >= self.config.max_peers or (not outbound and self.dialer.inbound_full(self.peers)):
             return [Disconnect(peer, conn, "too many peers")]
         self.peers[peer] = PeerState(info, conn, outbound, now, now)
         self.table.connected(info, now)
@@ -167,8 +164,7 @@ class Router:
         return []
 
     def dial_failed(self, address: str, now: float) -> list[Action]:
-        self._dialing.pop(address, None)
-        self.dials.failed(address, now)
+        self.dialer.failed(address, now)
         return []
 
     def _drop(self, peer: str) -> None:
@@ -456,31 +452,7 @@ class Router:
         return out
 
     def _plan_dials(self, now: float) -> list[Action]:
-        cfg = self.config
-        budget = min(cfg.max_dials_per_heartbeat, cfg.target_peers - len(self.peers) - len(self._dialing))
-        out: list[Action] = []
-        if budget <= 0:
-            return out
-        exclude = set(self.peers) | {p for p in self._dialing.values() if p is not None}
-        for info in self.table.dial_candidates(exclude):
-            if len(out) >= budget:
-                break
-            address = info.gossip_addr
-            if address in self._dialing or self.scores.banned(info.peer_id, now):
-                continue
-            if self.dials.ready(info.peer_id, now) and self.dials.ready(address, now):
-                self._dialing[address] = info.peer_id
-                out.append(Dial(address, info.peer_id))
-        for address in self.bootstrap:
-            if len(out) >= budget:
-                break
-            known = self._bootstrap_peer.get(address)
-            if address in self._dialing or (known is not None and known in self.peers):
-                continue
-            if self.dials.ready(address, now):
-                self._dialing[address] = None
-                out.append(Dial(address, None))
-        return out
+        return list(self.dialer.plan(self.peers, self.table, lambda peer: self.scores.banned(peer, now), now))
 
     def set_progress(self, slot: int, round_: int, state: str) -> None:
         """What our heartbeats tell peers about this node (slot, round, a short state word)."""

@@ -157,6 +157,18 @@ class LedgerConfig:
             raise LocalProtocolError(f"lr_schedule({slot}) must be finite and ≥ 0, got {value!r}")
         return value
 
+    @classmethod
+    def from_fingerprint(cls, fingerprint: dict[str, object]) -> LedgerConfig:
+        """The config a fingerprint describes (a snapshot's ``config``). A fingerprint of a config with an
+        ``lr_schedule`` cannot be turned back (the function is not in it): ``LocalProtocolError``."""
+        fields = dict(fingerprint)
+        if fields.pop("lr_schedule", False):
+            raise LocalProtocolError("the config had an lr_schedule, which a fingerprint does not hold")
+        try:
+            return cls(**{**fields, "embeddings": frozenset(fields.get("embeddings", ()))})  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise LocalProtocolError(f"not a ledger config fingerprint: {exc}") from None
+
     def fingerprint(self) -> dict[str, object]:
         """The settings a snapshot must agree on (plain msgpack-able values)."""
         return {

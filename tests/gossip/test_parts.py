@@ -153,7 +153,7 @@ def test_mcache_announces_recent_windows_and_forgets_old_ones() -> None:
 # ---- peer table ---------------------------------------------------------------------------------
 
 
-def test_peer_table_prefers_first_hand_addresses_and_skips_leavers() -> None:
+def test_peer_table_prefers_first_hand_addresses_skips_leavers_and_cannot_be_flooded_out() -> None:
     table = PeerTable("me", max_entries=3)
     assert not table.learn(PeerInfo("me", "h:1", ""), 0.0)
     assert table.learn(PeerInfo("a", "h:2", ""), 1.0)
@@ -163,9 +163,14 @@ def test_peer_table_prefers_first_hand_addresses_and_skips_leavers() -> None:
     table.learn(PeerInfo("b", "h:4", ""), 4.0)
     table.left("b")
     assert [i.peer_id for i in table.dial_candidates(set())] == ["a"]
-    for k, name in enumerate("cde"):
+    for k, name in enumerate("cdefgh"):  # a flood of fresh hearsay (an eclipse attempt)
         table.learn(PeerInfo(name, f"h:{k + 10}", ""), 10.0 + k)
-    assert len(table) == 3 and "a" not in table  # bounded: oldest dropped
+    assert len(table) == 3 and "a" in table  # bounded: the oldest hearsay goes, never a first-hand entry for it
+    assert [i.peer_id for i in table.dial_candidates(set())] == ["a", "h", "g"]  # first-hand before hearsay
+    table.connected(PeerInfo("x", "h:30", ""), 20.0)
+    table.connected(PeerInfo("y", "h:31", ""), 21.0)
+    table.connected(PeerInfo("z", "h:32", ""), 22.0)
+    assert {i.peer_id for i in table.dial_candidates(set())} == {"x", "y", "z"}  # first-hand only: the oldest left
 
 
 # ---- handshake ----------------------------------------------------------------------------------

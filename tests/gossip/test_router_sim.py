@@ -250,7 +250,7 @@ def test_silent_peer_is_disconnected_after_the_timeout_exactly() -> None:
         net.tick()
         steps += 1
     assert steps == 4  # silent > 3.5 s is noticed at the first heartbeat after 3.5 s
-    assert addr(1) not in [d for d in net.nodes[0].router._dialing]
+    assert addr(1) not in [d for d in net.nodes[0].router.dialer.dialing]
 
 
 def test_heartbeat_returns_disconnect_for_the_silent_connection() -> None:
@@ -387,3 +387,20 @@ def test_hearsay_addresses_that_cannot_reach_their_peer_are_counted_and_never_di
     assert stranger not in victim.router.table and mine.peer_id not in victim.router.table
     assert good.peer_id in victim.router.table
     assert other.peer_id in victim.router.peers, "passing on a bad address is not held against the sender"
+
+
+def test_peers_dialling_in_cannot_take_the_places_of_peers_a_node_dials_itself() -> None:
+    # node 0 takes at most max_peers - min_outbound = 2 inbound peers; the rest must be dialled by node 0
+    net = SimNet(6, max_peers=4, min_outbound=2, target_peers=2)
+    for i in (1, 2):
+        assert net.connect(i, 0) is not None
+    assert net.connect(3, 0) is None, "a third inbound peer is refused (an eclipse by keys dialling in)"
+    node = net.nodes[0].router
+    assert len(node.peers) == 2 >= node.config.target_peers  # enough peers, but none dialled by node 0 ...
+    for j in (4, 5):
+        node.table.connected(net.nodes[j].router.local, net.now)  # peers it knows first-hand
+    dials = node._plan_dials(net.now)
+    assert {d.address for d in dials} == {addr(4), addr(5)}  # ... so it dials min_outbound of its own choice
+    for d in dials:
+        assert net.connect(0, net.index_of(d.peer), d.address) is not None
+    assert sum(p.outbound for p in node.peers.values()) == 2 and len(node.peers) == 4

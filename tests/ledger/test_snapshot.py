@@ -150,3 +150,16 @@ def test_finalized_totals_travel_and_version_1_is_read_at_slot_0():
                                                         d.pop("applied_sum")))
     loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(v1), CONFIG)
     assert loaded.params_digest() == young.params_digest() and loaded.totals() == young.totals()
+
+
+def test_a_config_comes_back_from_its_fingerprint_and_one_with_a_schedule_does_not() -> None:
+    from protocol.errors import LocalProtocolError
+    from protocol.ledger import LedgerConfig
+
+    config = LedgerConfig(window=3, lr=0.5, embeddings=frozenset({"embed"}), norm_clip=2.0, max_step_rms=0.01,
+                          tokens_per_step=64, max_inner_steps=10, direction_screen=None)
+    assert LedgerConfig.from_fingerprint(config.fingerprint()) == config
+    with pytest.raises(LocalProtocolError):
+        LedgerConfig.from_fingerprint(LedgerConfig(lr_schedule=lambda slot: 0.1).fingerprint())
+    with pytest.raises(LocalProtocolError):
+        LedgerConfig.from_fingerprint({"window": 3, "colour": "red"})

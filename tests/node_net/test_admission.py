@@ -1,7 +1,9 @@
 """Tier (c): a closed run (PROTOCOL.md §7b) on real processes. The founder (`--closed`) and a member it admitted
 (`--membership`, written as `diloco-admit grant` writes it) train together; a key outside the run is refused:
 one that copies the run's configuration but shows no membership is refused as `not_admitted` at the
-handshake, and a node of an open run as `config_mismatch` naming `run.founder`. Both refusals are counted."""
+handshake, and a node of an open run as `config_mismatch` naming `run.founder`. Both refusals are counted. A
+node that would adopt the run's settings (`--peers` without `--no-adopt`) and has no membership stops at once,
+saying the run is closed and what to do."""
 
 from __future__ import annotations
 
@@ -27,6 +29,13 @@ async def _handshake_without_membership(address: str, run_config: str) -> str:
     """Dial `address` with a fresh key, the run's configuration and no membership; how the node answered."""
     host, port = split_addr(address)
     stream = await trio.open_tcp_stream(host, port)
+    try:
+        return await _converse(stream, run_config)
+    except (trio.BrokenResourceError, OSError):
+        return "closed"  # reset while we were still sending: the node refused us first
+
+
+async def _converse(stream: trio.SocketStream, run_config: str) -> str:
     async with stream:
         handshake = Handshake(Identity.generate(), Validator(RUN_ID), gossip_addr="", http_addr="",
                               challenge=os.urandom(32), run_config=run_config)
@@ -57,9 +66,12 @@ def test_a_closed_run_trains_with_its_members_and_refuses_every_other_key(cluste
     founder = cluster("founder", *COMMON, "--closed")
     founder.wait_listening(START_S)
     member = cluster("member", *COMMON, "--membership", str(membership), "--peers", founder.gossip)
-    outsider = cluster("outsider", *COMMON, "--peers", founder.gossip)  # an open run's node
+    outsider = cluster("outsider", *COMMON, "--no-adopt", "--peers", founder.gossip)  # an open run's node
+    adopting = cluster("adopting", *COMMON, "--peers", founder.gossip)  # reads the run's settings first
     for node in (member, outsider):
         node.wait_listening(START_S)
+    assert adopting.wait_exit(120.0) == 2
+    assert "the run is closed by founder" in adopting.log_path.read_text() and "--membership" in adopting.log_path.read_text()
     member.wait_status(lambda s: s["round"] >= 3 and founder.peer_id in s["peers"], START_S, "the member training")
     founder.wait_log(f"fetched blob [0-9a-f]+ \\([0-9]+ bytes\\) from {member.peer_id}", 60.0)  # the member's update
     status = founder.status()

@@ -35,6 +35,8 @@ def test_three_nodes_train_and_stop_equal_and_a_joiner_syncs(cluster) -> None:
         node.wait_status(lambda s: s["state"] == "training" and len(s["peers"]) == 2, START_S, "training, 2 peers")
     first = a.wait_status(lambda s: s["slot"] >= 3, 120.0, "slot 3")
     assert first["updates_applied"] >= 3 and first["first_update_at"] is not None
+    for node in (b, c):  # a joiner takes a state two peers vouch for: every founder past slot 3 first
+        node.wait_status(lambda s: s["slot"] >= 3, 120.0, "slot 3")
 
     d = cluster("d", *COMMON, "--max-rounds", "3", "--peers", a.gossip)
     d.wait_listening(START_S)

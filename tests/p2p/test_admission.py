@@ -46,7 +46,7 @@ async def test_a_closed_run_admits_members_and_refuses_other_keys_at_the_handsha
             relay_key, sybil = Identity.generate(), Identity.generate()
             raw = await RawPeer.connect(node.gossip_addr, relay_key)
             await raw.handshake(node.now(), admission=_member(founder, relay_key))
-            assert relay_key.peer_id in node.connected_peers()
+            await wait_for(lambda: relay_key.peer_id in node.connected_peers(), what="the admitted relay")
             refused = node.counters.rejections[Reason.NOT_ADMITTED]
             body = update_header(sybil, os.urandom(64), raw.seqnos.next(node.now()))
             await raw.send(signing.sign(sybil, body))

@@ -210,6 +210,30 @@ async def test_a_request_body_reaches_the_handler_and_an_oversized_one_is_refuse
     assert seen == [b'{"x": 1}']
 
 
+async def test_a_rate_limited_route_answers_429_past_its_limit_per_client_and_counts_it() -> None:
+    calls: list[str] = []
+
+    async def heavy(request: Request) -> Response:
+        calls.append(request.path)
+        return Response(200, b"ok")
+
+    app = HttpApp()
+    app.route("GET", "/heavy", heavy, per_client="3/minute")
+    app.route("GET", "/light", heavy)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            async with httpx.AsyncClient() as client:
+                heavy_codes = [(await client.get(f"http://{host}:{port}/heavy")).status_code for _ in range(5)]
+                light_codes = [(await client.get(f"http://{host}:{port}/light")).status_code for _ in range(5)]
+                refused = await client.get(f"http://{host}:{port}/heavy")
+            nursery.cancel_scope.cancel()
+    assert heavy_codes == [200, 200, 200, 429, 429] and light_codes == [200] * 5
+    assert refused.headers["retry-after"] == "1"
+    assert calls.count("/heavy") == 3, "a refused request never reaches the handler"
+    assert app.throttled["/heavy"] == 3
+
+
 async def serve_trickle(nursery: trio.Nursery, head: bytes, body: bytes, *, head_too: bool, every_s: float) -> str:
     """A one-shot tarpit: sends the response (from its first byte if `head_too`, else after the head)
     one byte per `every_s` seconds."""

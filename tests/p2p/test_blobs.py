@@ -118,3 +118,21 @@ async def test_a_holder_serving_wrong_bytes_is_caught_by_the_hash(tmp_path: Path
 def test_route_prefix_must_be_absolute() -> None:
     with pytest.raises(LocalProtocolError):
         HttpApp().route("GET", "status", lambda r: None)  # type: ignore[arg-type,return-value]
+
+
+def test_per_peer_counts_name_a_bounded_number_of_peers_and_keep_exact_totals() -> None:
+    from p2p.counters import MAX_NAMED_PEERS, OTHER_PEERS
+    from protocol.errors import Reason
+
+    counters = Counters()
+    for i in range(MAX_NAMED_PEERS + 500):  # e.g. a flood of fresh keys, each refused once
+        counters.rejected(f"peer-{i}", Reason.BAD_SIGNATURE)
+        counters.received(f"peer-{i}", Kind.CONTROL, 10)
+    snapshot = counters.snapshot()
+    assert len(snapshot["rejections_by_peer"]) <= MAX_NAMED_PEERS and len(snapshot["peers"]) <= MAX_NAMED_PEERS
+    assert counters.rejections[Reason.BAD_SIGNATURE] == MAX_NAMED_PEERS + 500  # totals stay exact
+    assert counters.total(Kind.CONTROL).recv_bytes == 10 * (MAX_NAMED_PEERS + 500)
+    assert snapshot["rejections_by_peer"][OTHER_PEERS]["bad_signature"] >= 500
+    assert counters.prometheus().count('kind="control"') <= 4 * MAX_NAMED_PEERS  # bounded metric labels
+    counters.received("peer-0", Kind.CONTROL, 1)  # a peer named early keeps its name
+    assert counters.snapshot()["peers"]["peer-0"]["control"]["recv_bytes"] == 11

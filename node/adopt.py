@@ -1,0 +1,156 @@
+"""A joiner takes the run's configuration from its peers (PROTOCOL.md §7a).
+
+Every node of a run must train with the same run configuration (`protocol.runconfig`); a peer with another
+one is refused at the handshake. So that a user can join a running training knowing only a peer's address
+and the run id, a node started with `--peers` first reads the `hello` a bootstrap peer sends on connect
+(every node sends its hello first, run configuration included), and trains with that configuration:
+
+- every run-wide setting the user did not give on the command line is taken from it (the model's
+  architecture, the inner optimizer and schedule, batch size, seed, H, codec, window, outer learning rate,
+  momentum and norm clip);
+- a setting the user *did* give that differs from the run's is a startup error naming the flag, both
+  values and the peer (the user asked for something this run does not do);
+- a closed run (`run.founder`) cannot be adopted: its membership must be given (`--membership`);
+- fields that no flag sets (the code's own constants, e.g. the aggregation rule) that differ mean the peer
+  runs another version: a startup error too.
+
+The connection is closed as soon as the peer's hello has arrived; nothing is sent (the peer sees a
+connection closed during its handshake, and counts no refusal). If no bootstrap peer answers within
+`timeout_s`, the node goes on with its own settings (the handshake still refuses a mismatch), and says so.
+A bootstrap peer that lies only keeps the joiner out of the run: every other peer checks the joiner's
+configuration at its own handshake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Collection
+
+import trio
+
+from node.island.config import ConfigError
+from node.settings import NodeSettings, ledger_config, run_configuration
+from protocol.errors import Reason, RemoteProtocolError
+from protocol.framing import FrameDecoder
+from protocol.messages import Hello, split_addr
+from protocol.runconfig import config_differences
+from protocol.validation import Validator
+
+__all__ = ["adopt_run_config", "adopted", "peer_hello"]
+
+log = logging.getLogger("node.adopt")
+
+# run configuration field -> (the NodeSettings field that sets it, its flag); model.*, inner.* and
+# data.batch_size are set by --model / --set
+_BY_FLAG = {"run.seed": ("seed", "--seed"), "run.inner_steps": ("inner_steps", "--inner-steps"),
+            "run.compression": ("compression", "--compression"), "outer.window": ("window", "--window"),
+            "outer.lr": ("outer_lr", "--outer-lr"), "outer.momentum": ("outer_momentum", "--outer-momentum"),
+            "outer.norm_clip": ("norm_clip", "--norm-clip")}
+_DERIVED = {"inner.init_seed", "data.data_seed"}  # follow run.seed
+
+
+def _fields(text: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"the run's configuration has an unreadable line {line[:80]!r}") from None
+    return out
+
+
+def _by_set(name: str) -> bool:
+    return (name.startswith(("model.", "inner.")) or name == "data.batch_size") and name not in _DERIVED
+
+
+def _override(name: str, value: object) -> str:
+    text = ("true" if value else "false") if isinstance(value, bool) else value if isinstance(value, str) else repr(value)
+    return f"{name}={text}"
+
+
+def own_run_config(settings: NodeSettings, founder: str) -> str:
+    cfg = settings.ml_config("")
+    return run_configuration(settings, cfg, ledger_config(settings, cfg).fingerprint(), founder)
+
+
+def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collection[str], peer: str = "the peer") -> NodeSettings:
+    """`settings` with the run-wide settings of `theirs` (a run configuration text) that `pinned` (the
+    NodeSettings fields the user gave) leaves open. `founder`: this node's (`protocol.admission`).
+    Raises ConfigError when a pinned setting conflicts or the difference cannot be adopted."""
+    ours = own_run_config(settings, founder)
+    if ours == theirs:
+        return settings
+    mine, other = _fields(ours), _fields(theirs)
+    differing = sorted(n for n in set(mine) | set(other) if mine.get(n) != other.get(n))
+    conflicts, changes, overrides = [], {}, []
+    for name in differing:
+        value = other.get(name)
+        if name == "run.founder":
+            what = f"closed by founder {value}: join it with --membership FILE" if value else "open: drop --closed/--membership"
+            conflicts.append(f"the run is {what}")
+        elif name in _BY_FLAG:
+            field, flag = _BY_FLAG[name]
+            if field in pinned:
+                conflicts.append(f"{flag} {getattr(settings, field)} (the run's {name} is {json.dumps(value)})")
+            changes[field] = value
+        elif _by_set(name) and name in other:
+            if "model" in pinned or "overrides" in pinned:
+                conflicts.append(f"--model/--set give {name}={json.dumps(mine.get(name))} (the run's is {json.dumps(value)})")
+            overrides.append(_override(name, value))
+    if conflicts:
+        raise ConfigError(f"--peers: this node's settings conflict with the run's ({peer}): " + "; ".join(conflicts)
+                          + ". Drop those flags to train with the run's settings, or start another run id")
+    candidate = dataclasses.replace(settings, overrides=(*settings.overrides, *overrides), **changes)
+    left = config_differences(own_run_config(candidate, founder), theirs)
+    if left:
+        raise ConfigError(f"--peers: the run's configuration ({peer}) differs in settings no flag sets (another "
+                          f"version of diloco?): {'; '.join(left[:6])}")
+    log.info("adopted the run's configuration from %s: %s", peer, ", ".join(differing))
+    return candidate
+
+
+async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
+    """The hello the node at gossip `address` sends on connect. Raises OSError, trio.TooSlowError or
+    RemoteProtocolError (wrong run id, not a hello)."""
+    host, port = split_addr(address)
+    decoder, validator = FrameDecoder(), Validator(run_id)
+    with trio.fail_after(timeout_s):
+        stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            while (body := decoder.next_frame()) is None:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise OSError("closed the connection before its hello")
+                decoder.receive_data(data)
+    message = validator.validate(body, time.time())
+    if type(message) is not Hello:
+        raise RemoteProtocolError(Reason.BAD_HANDSHAKE, f"sent {type(message).__name__} instead of its hello")
+    return message
+
+
+async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collection[str],
+                           timeout_s: float = 30.0) -> NodeSettings:
+    """Read the run configuration of the first bootstrap peer that answers (each tried in turn until
+    `timeout_s`) and return `adopted(...)` settings; the settings unchanged if none answers."""
+    deadline = trio.current_time() + timeout_s
+    problems: dict[str, str] = {}
+    while trio.current_time() < deadline:
+        for address in settings.peers:
+            try:
+                hello = await peer_hello(address, settings.run_id, min(5.0, max(0.1, deadline - trio.current_time())))
+            except (OSError, trio.TooSlowError, RemoteProtocolError) as exc:
+                problems[address] = f"{type(exc).__name__}: {exc}"
+                continue
+            if not hello.run_config:
+                problems[address] = "declares no run configuration"
+                continue
+            return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}")
+        await trio.sleep(min(1.0, max(0.0, deadline - trio.current_time())))
+    log.warning("could not read the run's configuration from any peer in %.0f s (%s); training with this node's own "
+                "settings: peers with other ones will refuse it (config_mismatch)", timeout_s,
+                "; ".join(f"{a}: {p}" for a, p in problems.items()))
+    return settings
