@@ -51,6 +51,7 @@ from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
 from protocol.ledger import ClosePolicyConfig, Ledger, LedgerSnapshot, Outcome, SlotClosePolicy
+from protocol.ledger.proof import proof_of, proofs_of_doc
 from protocol.messages import Goodbye, UpdateHeader, split_addr
 
 __all__ = ["NodeRuntime", "Stopped"]
@@ -265,6 +266,8 @@ class NodeRuntime:
             self.stats.updates_published = int(ckpt.meta.get("updates_published", 0))
             log.info("resumed from checkpoint of round %d (slot %d)", ckpt.round, snap.slot)
         self.replica = Replica(ledger, snap.seen if snap is not None else ())
+        if ckpt is not None:  # the window's proofs, served with the state (protocol.ledger.proof)
+            self.replica.proofs.update(proofs_of_doc(ckpt.meta.get("proofs")))
         self.status.replica = self.replica
         log.info("model ready: %d tensors; ledger at slot %d", len(self.shapes), self.replica.slot)
 
@@ -294,7 +297,7 @@ class NodeRuntime:
         self._sync_scope = None
         if result is None:
             return None
-        await replica.replace(result.ledger, result.seen)
+        await replica.replace(result.ledger, result.seen, result.proofs)
         self._track_payloads(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had
         m = result.choice.manifest
@@ -408,7 +411,7 @@ class NodeRuntime:
         meta = update_meta(delivery.message)
         try:
             deltas, payload = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
-            outcome, closed = await self.replica.add(meta, deltas, payload)
+            outcome, closed = await self.replica.add(meta, deltas, payload, proof_of(delivery.message))
         except RemoteProtocolError as exc:
             self.stats.rejections[exc.reason.value] += 1
             log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,

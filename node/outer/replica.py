@@ -40,6 +40,7 @@ import trio
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
                              SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
 from protocol.ledger.digest import Row
+from protocol.ledger.proof import UpdateProof
 
 __all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState", "agreement_hex"]
 
@@ -87,10 +88,12 @@ class Proposal:
     why: str
     view: LedgerView
     agreement: str
+    proofs: Mapping[bytes, UpdateProof]  # its entries' (verified when its meta was: `node.sync.statefetch`)
 
     @classmethod
-    def of(cls, ledger: Ledger, origin: str, why: str, view: LedgerView) -> Proposal:
-        return cls(ledger, origin, why, view, agreement_hex(IdSetHash(view.seen), view.totals().placement))
+    def of(cls, ledger: Ledger, origin: str, why: str, view: LedgerView,
+           proofs: Mapping[bytes, UpdateProof]) -> Proposal:
+        return cls(ledger, origin, why, view, agreement_hex(IdSetHash(view.seen), view.totals().placement), proofs)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class Replica:
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
         self._last_close_at: float | None = None  # trio time of the last slot close
+        # each window entry's signed-header proof, served with the state so peers can check it (protocol.ledger.proof)
+        self.proofs: dict[bytes, UpdateProof] = {}
         self._install(ledger, seen_ids)
 
     def _install(self, ledger: Ledger, seen: Iterable[bytes] | IdSetHash) -> None:
@@ -213,11 +218,12 @@ class Replica:
                 self._refresh()
 
     # ---- operations -------------------------------------------------------------------------------
-    async def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray],
-                  payload: Payload | None = None) -> tuple[Outcome, list[ClosedSlot]]:
-        """`Ledger.add` (`payload`: the encoded update `deltas` decode from, kept for snapshots), then
-        catch-up closes. Raises `RemoteProtocolError` (nothing changed) for a bad update; returns the
-        outcome and the slots closed by catch-up."""
+    async def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray], payload: Payload | None = None,
+                  proof: UpdateProof | None = None) -> tuple[Outcome, list[ClosedSlot]]:
+        """`Ledger.add` (`payload`: the encoded update `deltas` decode from, kept for snapshots; `proof`: what
+        lets peers check its signature when they are sent this state), then catch-up closes. Raises
+        `RemoteProtocolError` (nothing changed) for a bad update; returns the outcome and the slots closed by
+        catch-up."""
 
         catch_up = self._catch_up_now()
 
@@ -229,6 +235,8 @@ class Replica:
         self.outcomes[outcome.value] += 1
         if outcome in _NEW_IDS:
             self.set_hash.add(meta.update_id)
+            if proof is not None:
+                self.proofs[meta.update_id] = proof
         self._count(closed)
         self._notify()
         return outcome, closed
@@ -321,18 +329,28 @@ class Replica:
             return ServedState(snap, led.ledger_digest(), led.params_digest(), bottom_digest, rows,
                                None if full is None else (full.base_params, full.base_momentum))
 
-        return await self._run(work)
+        served = await self._run(work)
+        self.prune_proofs(e.meta.update_id for e in served.snapshot.entries)
+        return served
+
+    def prune_proofs(self, window: Iterable[bytes]) -> None:
+        """Forget the proofs of updates no longer in the window (`window`: the ids still in it)."""
+        keep = set(window)
+        self.proofs = {i: p for i, p in self.proofs.items() if i in keep}
 
     async def snapshot_bytes(self) -> bytes:
         """The canonical snapshot encoding (for checkpoints)."""
         return await self._run(lambda: self._ledger.snapshot().to_bytes())
 
-    async def replace(self, ledger: Ledger, seen_ids: Iterable[bytes]) -> None:
-        """Adopt another ledger (a state sync); outcome counters of this process are kept."""
+    async def replace(self, ledger: Ledger, seen_ids: Iterable[bytes],
+                      proofs: Mapping[bytes, UpdateProof] | None = None) -> None:
+        """Adopt another ledger (a state sync, with its entries' `proofs`); outcome counters of this process
+        are kept."""
         self.pending = None
         async with self._lock:
             set_hash = await trio.to_thread.run_sync(IdSetHash, seen_ids)  # hashing every id: off the loop
             self._install(ledger, set_hash)
+            self.proofs.update(proofs or {})
         self._notify()
 
     # ---- fork choice (protocol.ledger.fork) --------------------------------------------------------
@@ -400,6 +418,7 @@ class Replica:
             return None
         carried, orphaned, closed, new, set_hash = done
         self._install(new, set_hash)  # on the trio thread, before any other operation can start
+        self.proofs.update(proposal.proofs)
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned

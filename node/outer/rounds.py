@@ -51,6 +51,7 @@ from p2p import Host
 from protocol.compression import Codec, ErrorFeedback
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy
+from protocol.ledger.proof import proof_of, proofs_doc
 
 __all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
 
@@ -308,7 +309,7 @@ class Rounds:
             meta = update_meta(signed)
             stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
             stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
-            outcome, _ = await self.replica.add(meta, stored_deltas, stored)  # kept on disk (mapped), not in memory
+            outcome, _ = await self.replica.add(meta, stored_deltas, stored, proof_of(signed))  # kept mapped, not in memory
         clock.lap("ledger_add")
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
@@ -342,7 +343,8 @@ class Rounds:
                                                 inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
         stored = Payload(Codec(codec), data)
         try:
-            outcome, _ = await self.replica.add(update_meta(signed), PayloadDeltas(stored, self.shapes), stored)
+            outcome, _ = await self.replica.add(update_meta(signed), PayloadDeltas(stored, self.shapes), stored,
+                                                proof_of(signed))
         except RemoteProtocolError as exc:  # e.g. poison:tokens' claim: refused here as by every peer
             log.warning("chaos: own poisoned update refused here too: %s", exc)
             outcome = None
@@ -426,7 +428,9 @@ class Rounds:
             meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
                     "slot": snapshot.slot, "updates_published": self.stats.updates_published,
                     "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
-                    "run_config": self.host.config.run_config}  # what `diloco-export`/`diloco-sample` rebuild from
+                    # what `diloco-export`/`diloco-sample` rebuild the model from
+                    "run_config": self.host.config.run_config if self.host is not None else "",
+                    "proofs": proofs_doc(self.replica.proofs, (e.meta.update_id for e in snapshot.entries))}
             inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
         self._last_checkpoint = (self.stats.round, trio.current_time())
         checkpoints = self.checkpoints

@@ -29,7 +29,7 @@ import logging
 from collections import defaultdict
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import trio
@@ -39,6 +39,7 @@ from node.sync.stateserve import STATE_PATH, StateServer
 from p2p import Host, TransportError
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import BottomStore, Ledger, LedgerConfig
+from protocol.ledger.proof import UpdateProof
 from protocol.messages import Signed, StateManifest
 from protocol.validation import Validator
 
@@ -147,6 +148,7 @@ class SyncResult:
     seen: tuple[bytes, ...]
     choice: Choice
     payloads: tuple[tuple[int, str], ...] = ()
+    proofs: Mapping[bytes, UpdateProof] = field(default_factory=dict)  # its entries' (checked)
 
 
 async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
@@ -209,7 +211,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                         log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
                                  choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
                         return SyncResult(loaded.ledger, loaded.meta.seen, choice,
-                                          tuple(loaded.fetched_payloads()))
+                                          tuple(loaded.fetched_payloads()), loaded.proofs())
                 if choices:
                     unconfirmed_tries += 1
                     waiting("a second peer to confirm the state of slot "

@@ -113,7 +113,7 @@ async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
             continue
         try:
             deltas, payload = await trio.to_thread.run_sync(_decode, entry, paths[entry.blob], dict(replica.shapes))
-            await replica.add(entry.meta, deltas, payload)
+            await replica.add(entry.meta, deltas, payload, entry.proof)  # checked with the meta (fetch_meta)
         except RemoteProtocolError as exc:
             log.warning("repair from %s: update %s refused: %s", peer, entry.meta.update_id.hex()[:16], exc)
             continue
@@ -148,7 +148,7 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
         ledger = loaded.ledger
         ours_key, theirs_key = verdict.keys
         why = f"fork: theirs {_key(theirs_key)} > ours {_key(ours_key)}"
-        replica.propose(Proposal.of(ledger, peer, why, theirs))
+        replica.propose(Proposal.of(ledger, peer, why, theirs, loaded.proofs()))
         log.warning("repair from %s (its slot %d): histories forked and its state is heavier (%s vs %s): "
                     "adopting it before the next round", peer, manifest.slot, _key(theirs_key), _key(ours_key))
         return RepairResult(0, unplaced, fork="adopt", payloads=tuple(loaded.fetched_payloads()))

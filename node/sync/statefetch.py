@@ -45,6 +45,7 @@ from p2p.blobserve import PEER_HEADER
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import BottomStore, Ledger, LedgerConfig, SnapshotEntry
 from protocol.ledger.payload import decode_snapshot_payload
+from protocol.ledger.proof import UpdateProof, check_entry
 from protocol.ledger.statesync import (BOTTOM_PREFIX, META_BLOB, BottomIndex, MetaEntry, Piece, StateMeta,
                                       verify_meta)
 from protocol.messages import StateManifest
@@ -240,9 +241,10 @@ async def _one_piece(client: httpx.AsyncClient, download: BottomDownload, piece:
 
 async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
                      shapes: Mapping[str, tuple[int, ...]]) -> StateMeta:
-    """The verified meta of `manifest`, from its origin: decoded, made for this model and config, and
-    the signed state (`verify_meta`). Raises TransportError (not served), RemoteProtocolError (refused:
-    the caller counts it against the origin)."""
+    """The verified meta of `manifest`, from its origin: decoded, made for this model and config, the
+    signed state (`verify_meta`), and every entry an update its origin signed (`check_entry`) that this
+    node's gossip accept hook takes (its claim, its origin's admission). Raises TransportError (not
+    served), RemoteProtocolError (refused: the caller counts it against the origin)."""
     refs = {name: (sha.hex(), size) for name, sha, size in manifest.blobs}
     if META_BLOB not in refs:
         raise TransportError(f"the manifest of {manifest.origin} lists no {META_BLOB!r} blob (an older node?)")
@@ -267,6 +269,12 @@ async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
         if dict(meta.shapes) != {n: tuple(s) for n, s in sorted(shapes.items())}:
             raise RemoteProtocolError(Reason.BAD_STATE, "tensor names or shapes differ from the local model")
         verify_meta(meta, manifest.slot, manifest.ledger_digest, manifest.params_digest)
+        accept = host.router.accept
+        for entry in meta.entries:  # every entry as its origin signed it, and as this node would accept it
+            signed = check_entry(host.config.run_id, entry.meta, entry.codec, entry.blob, entry.size, meta.shapes,
+                                 entry.proof)
+            if accept is not None:
+                accept(signed)
         return meta
 
     return await trio.to_thread.run_sync(check)
@@ -321,6 +329,10 @@ class Loaded:
     meta: StateMeta
     manifest: StateManifest  # the manifest whose origin served the meta
     fetched: frozenset[str]
+
+    def proofs(self) -> dict[bytes, UpdateProof]:
+        """Each entry's proof (all there and checked: `fetch_meta`)."""
+        return {e.meta.update_id: e.proof for e in self.meta.entries if e.proof is not None}
 
     def fetched_payloads(self) -> list[tuple[int, str]]:
         """(target slot, blob) of each fetched payload, as the node's blob clean-up lists them."""

@@ -176,7 +176,7 @@ class StateServer:
                 raise LocalProtocolError("the frozen bottom does not give this replica's params digest")
             snap = served.snapshot
             blobs = {e.meta.update_id: await self._payload_blob(e) for e in snap.entries}
-            meta = StateMeta.of_snapshot(snap, blobs, index)
+            meta = StateMeta.of_snapshot(snap, blobs, index, replica.proofs)  # peers check every entry's signature
             data = await trio.to_thread.run_sync(meta.to_bytes)
             name = await self.host.add_blob(data)
             signed = await self.host.publish_manifest(snap.slot, served.ledger_digest, served.params_digest,

@@ -36,6 +36,7 @@ from protocol.compression import Codec, payload_size
 from protocol.ledger.config import ID_BYTES, UpdateMeta
 from protocol.ledger.digest import BOTTOM_DOMAIN, PIECE, Row, state_digest, tree_digest_of_hashes, tree_rows
 from protocol.ledger.fork import SUM_BYTES, LedgerView
+from protocol.ledger.proof import UpdateProof
 from protocol.ledger.fields import array, bad_state, binary, seen_ids, shapes_field, string_map, uint
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 
@@ -163,13 +164,15 @@ class BottomIndex:
 
 @dataclass(frozen=True)
 class MetaEntry:
-    """A window entry (an update applied at ``slot``, or held for it) and its payload blob."""
+    """A window entry (an update applied at ``slot``, or held for it), its payload blob, and what it takes to
+    check its origin's signature (``protocol.ledger.proof``; None when the donor does not have it)."""
 
     meta: UpdateMeta
     slot: int
     codec: Codec
     blob: str  # lower-case hex SHA-256 of the payload
     size: int
+    proof: UpdateProof | None = None
 
 
 @dataclass(frozen=True)
@@ -202,9 +205,11 @@ class StateMeta:
 
     @classmethod
     def of_snapshot(cls, snap: LedgerSnapshot, blobs: Mapping[bytes, tuple[Codec, str, int]],
-                    bottom: BottomIndex) -> StateMeta:
-        """``snap``'s meta; ``blobs`` maps each entry's update id to its payload blob (codec, hex, size)."""
-        entries = tuple(MetaEntry(e.meta, e.slot, *blobs[e.meta.update_id])
+                    bottom: BottomIndex, proofs: Mapping[bytes, UpdateProof] | None = None) -> StateMeta:
+        """``snap``'s meta; ``blobs`` maps each entry's update id to its payload blob (codec, hex, size),
+        ``proofs`` to its proof, where known."""
+        proofs = proofs or {}
+        entries = tuple(MetaEntry(e.meta, e.slot, *blobs[e.meta.update_id], proofs.get(e.meta.update_id))
                         for e in sorted(snap.entries, key=lambda e: e.meta.update_id))
         return cls(snap.slot, snap.base_slot, dict(snap.config), dict(snap.shapes), entries, snap.chain,
                    tuple(sorted(snap.seen)), dict(snap.counters), snap.applied_tokens, snap.applied_sum, bottom)
@@ -213,7 +218,9 @@ class StateMeta:
         """The canonical encoding (msgpack, binary strings on; PROTOCOL.md "State sync")."""
         names = sorted(self.shapes)
         entries = [[e.meta.update_id, e.meta.origin, e.meta.base_slot, e.meta.publish_slot, e.meta.tokens,
-                    e.meta.inner_steps, e.slot, e.codec.value, bytes.fromhex(e.blob), e.size] for e in self.entries]
+                    e.meta.inner_steps, e.slot, e.codec.value, bytes.fromhex(e.blob), e.size,
+                    *([e.proof.seqno, e.proof.signature, e.proof.membership] if e.proof else [])]
+                   for e in self.entries]
         doc = {"format": FORMAT, "version": VERSION, "slot": self.slot, "base_slot": self.base_slot,
                "config": dict(self.config), "shapes": {n: list(self.shapes[n]) for n in names},
                "chain": self.chain, "seen": b"".join(self.seen), "counters": dict(sorted(self.counters.items())),
@@ -254,9 +261,16 @@ class StateMeta:
 
 def _entry(x: object, shapes: Mapping[str, tuple[int, ...]]) -> MetaEntry:
     fields = array(x, "entry")
-    if len(fields) != 10:
-        raise bad_state("a meta entry has 10 fields")
-    update_id, origin, base_slot, publish_slot, tokens, steps, slot, codec, sha, size = fields
+    if len(fields) not in (10, 13):
+        raise bad_state("a meta entry has 10 fields, or 13 with its proof")
+    update_id, origin, base_slot, publish_slot, tokens, steps, slot, codec, sha, size = fields[:10]
+    proof = None
+    if len(fields) == 13:
+        seqno, signature, membership = fields[10:]
+        signature, membership = binary(signature, "entry signature"), binary(membership, "entry membership")
+        if len(signature) != 64 or len(membership) > 512:
+            raise bad_state("an entry's signature is 64 bytes, its membership at most 512")
+        proof = UpdateProof(uint(seqno, "entry seqno"), signature, membership)
     update_id, sha = binary(update_id, "entry id"), binary(sha, "entry payload sha256")
     if len(update_id) != ID_BYTES or len(sha) != HASH or not isinstance(origin, str):
         raise bad_state("an entry's id and payload hash are 32 bytes, its origin a string")
@@ -267,7 +281,7 @@ def _entry(x: object, shapes: Mapping[str, tuple[int, ...]]) -> MetaEntry:
     meta = UpdateMeta(update_id=update_id, origin=origin, base_slot=uint(base_slot, "entry base_slot"),
                       publish_slot=uint(publish_slot, "entry publish_slot"), tokens=uint(tokens, "entry tokens"),
                       inner_steps=uint(steps, "entry inner_steps"))
-    return MetaEntry(meta, uint(slot, "entry slot"), Codec(codec), sha.hex(), size)
+    return MetaEntry(meta, uint(slot, "entry slot"), Codec(codec), sha.hex(), size, proof)
 
 
 def verify_meta(meta: StateMeta, slot: int, ledger_digest: bytes, params_digest: bytes) -> None:

@@ -125,3 +125,40 @@ def test_the_module_is_sans_io() -> None:
     code = ("import sys, protocol.ledger.statesync\n"
             "bad = [m for m in ('trio', 'httpx', 'socket', 'jax', 'hypercorn') if m in sys.modules]\nassert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_an_entry_is_checked_against_its_origins_signature_and_its_proof_travels_in_the_meta() -> None:
+    from protocol.ledger.proof import check_entry
+    from protocol.ledger.statesync import MetaEntry
+    from signed_updates import signed_update
+
+    shapes = SHAPES
+    deltas = {n: np.full(s, 0.5, np.float32) for n, s in shapes.items()}
+    meta, _, payload, proof = signed_update("r", shapes, deltas, seed=1, base=2, publish=3, tokens=64)
+    blob, size = hashlib.sha256(payload.data).hexdigest(), len(payload.data)
+    signed = check_entry("r", meta, payload.codec, blob, size, shapes, proof)
+    assert signed.message_id == meta.update_id and signed.body.tokens == 64
+
+    def refused(**changes) -> str:
+        args = dict(run_id="r", meta=meta, codec=payload.codec, blob=blob, size=size, shapes=shapes, proof=proof)
+        args.update(changes)
+        with pytest.raises(RemoteProtocolError) as err:
+            check_entry(args["run_id"], args["meta"], args["codec"], args["blob"], args["size"], args["shapes"],
+                        args["proof"])
+        assert err.value.reason is Reason.BAD_STATE
+        return err.value.detail
+
+    assert "no signature" in refused(proof=None)
+    assert "does not verify" in refused(meta=dataclasses.replace(meta, tokens=10**6))  # an inflated claim
+    assert "does not verify" in refused(run_id="another-run")
+    assert "does not verify" in refused(blob="00" * 32)  # another payload
+    assert "id is not" in refused(meta=dataclasses.replace(meta, update_id=bytes(32)))
+    refused(proof=dataclasses.replace(proof, seqno=proof.seqno + 1))
+
+    entry = MetaEntry(meta, 4, payload.codec, blob, size, proof)
+    bare = MetaEntry(dataclasses.replace(meta, update_id=b"\x01" * 32), 4, payload.codec, blob, size)
+    entries = tuple(sorted((entry, bare), key=lambda e: e.meta.update_id))
+    snapshot_meta = dataclasses.replace(meta_of(busy_ledger()), entries=entries)
+    again = StateMeta.from_bytes(snapshot_meta.to_bytes())
+    assert again.entries == entries
+    assert {e.meta.update_id: e.proof for e in again.entries} == {meta.update_id: proof, bare.meta.update_id: None}

@@ -42,7 +42,7 @@ def forked(light_slots: int = 5) -> tuple[Ledger, Ledger]:
 
 def proposal_of(led: Ledger, origin: str = "heavy") -> Proposal:
     copy = Ledger.from_snapshot(led.snapshot(), led.config)
-    return Proposal.of(copy, origin, "test", copy.view())
+    return Proposal.of(copy, origin, "test", copy.view(), {})
 
 
 async def test_a_heavier_forked_state_is_adopted_and_the_agreement_hashes_then_match() -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
@@ -14,11 +13,12 @@ import p2p
 from node.sync.join import StateServer, sync_state
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
-from protocol.compression import Codec, decode_tensors, encode_tensors
-from protocol.ledger import Ledger, LedgerConfig, Payload, UpdateMeta
+from protocol.compression import Codec
+from protocol.ledger import Ledger, LedgerConfig
 from protocol.messages import StateManifest
 from protocol.validation import Validator
 from node_net_helpers import fast_host_config
+from signed_updates import signed_update
 from waiting import wait_for
 
 RUN = "state-test"
@@ -34,27 +34,22 @@ def fresh_ledger() -> Ledger:
     return Ledger({n: np.ones(s, np.float32) for n, s in SHAPES.items()}, CONFIG)
 
 
-def update(seed: int, base: int, publish: int) -> tuple[UpdateMeta, dict[str, np.ndarray]]:
+def update(seed: int, base: int, publish: int, codec: Codec | None = None):
+    """(meta, deltas, payload, proof) of a signed update by origin `seed` (`codec` None: added without its
+    payload; else encoded as a node adds it, its deltas the payload's exact decode)."""
     rng = np.random.default_rng(seed)
-    meta = UpdateMeta(update_id=os.urandom(32), origin=f"peer{seed}", base_slot=base, publish_slot=publish,
-                      tokens=100 + seed, inner_steps=5)
-    return meta, {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
-
-
-def encoded(meta: UpdateMeta, deltas: dict[str, np.ndarray]) -> tuple[UpdateMeta, dict[str, np.ndarray], Payload]:
-    """The update as a node adds it: int4-encoded, its deltas the payload's exact decode."""
-    data = encode_tensors(deltas, Codec.INT4)
-    return meta, decode_tensors(data, Codec.INT4, SHAPES), Payload(Codec.INT4, data)
+    deltas = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+    return signed_update(RUN, SHAPES, deltas, seed=seed, base=base, publish=publish, tokens=100 + seed, codec=codec)
 
 
 async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path) -> None:
     placements = [(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)]
-    updates = [encoded(*update(i, base, pub)) for i, (base, pub) in enumerate(placements)]
+    updates = [update(i, base, pub, Codec.INT4) for i, (base, pub) in enumerate(placements)]
     full, partial = Replica(fresh_ledger()), Replica(fresh_ledger())
-    for i, (meta, deltas, payload) in enumerate(updates):
-        await full.add(meta, {k: v.copy() for k, v in deltas.items()}, payload)
+    for i, (meta, deltas, payload, proof) in enumerate(updates):
+        await full.add(meta, {k: v.copy() for k, v in deltas.items()}, payload, proof)
         if i in (0, 3):  # the partial replica missed the others (a partition)
-            await partial.add(meta, {k: v.copy() for k, v in deltas.items()}, payload)
+            await partial.add(meta, {k: v.copy() for k, v in deltas.items()}, payload, proof)
     await full.close_open()
     await partial.close_open()
     assert full.set_hash.hex() != partial.set_hash.hex()
@@ -85,11 +80,11 @@ async def test_a_joiner_takes_the_state_two_peers_confirm_and_verifies_it(tmp_pa
     replicas = [Replica(fresh_ledger()) for _ in range(3)]
     shared = [update(i, 0, 0) for i in range(2)]
     for r in replicas[:2]:  # two peers at slot 1 with the same updates
-        for meta, deltas in shared:
-            await r.add(meta, {k: v.copy() for k, v in deltas.items()})
+        for meta, deltas, _, proof in shared:
+            await r.add(meta, {k: v.copy() for k, v in deltas.items()}, proof=proof)
         await r.close_open()
-    for meta, deltas in [update(9, 0, 0), update(10, 0, 1)]:  # a third one, fresher but alone
-        await replicas[2].add(meta, deltas)
+    for meta, deltas, _, proof in [update(9, 0, 0), update(10, 0, 1)]:  # a third one, fresher but alone
+        await replicas[2].add(meta, deltas, proof=proof)
     await replicas[2].close_open()
     await replicas[2].close_open()
     with trio.fail_after(30):
@@ -133,3 +128,35 @@ async def test_when_every_peer_is_syncing_too_a_node_starts_from_its_own_state(t
             assert result is None and trio.current_time() - started < 5, "no waiting for the whole timeout"
             await me.close()
             await other.close()
+
+
+async def test_a_state_holding_an_update_its_origin_never_signed_is_refused_and_counted(tmp_path: Path) -> None:
+    """A donor cannot inject updates through the state plane: every entry of a served state is checked against
+    its origin's signature (protocol.ledger.proof), so one made up (here: a genuine update's proof on an
+    entry that claims more tokens, and one with no proof at all) makes the whole state refused."""
+    import dataclasses
+
+    from protocol.ledger import UpdateMeta
+
+    genuine = update(0, 0, 0, Codec.INT4)
+    forged_meta = dataclasses.replace(genuine[0], update_id=bytes(32), tokens=10**6)  # inflated claim, same proof
+    for label, extra in [("a forged claim", (forged_meta, genuine[1], genuine[2], genuine[3])),
+                         ("no signature", (UpdateMeta(b"\x01" * 32, "peer-x", 0, 0, 100, 5), genuine[1], genuine[2],
+                                           None))]:
+        hostile, honest = Replica(fresh_ledger()), Replica(fresh_ledger())
+        await hostile.add(*genuine)
+        await hostile.add(*extra)
+        await hostile.close_open()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                a = await nursery.start(p2p.run, host_config(tmp_path / label.replace(" ", "-"), "a"))
+                b = await nursery.start(p2p.run, host_config(tmp_path / label.replace(" ", "-"), "b", (a.gossip_addr,)))
+                server = StateServer(a)
+                server.mount()
+                server.replica = hostile
+                await wait_for(lambda: a.peer_id in b.connected_peers(), 10, "the connection")
+                assert await pull_missing(b, honest, RUN, a.peer_id, a.http_addr) is None, label
+                assert b.counters.rejections_by_peer[a.peer_id]["bad_state"] == 1, label
+                assert honest.updates_applied == 0, f"{label}: nothing of that state was taken"
+                await b.close()
+                await a.close()

@@ -12,7 +12,6 @@ Progress is observed through the joiner's `on_piece` hook and the donors' piece 
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from pathlib import Path
 
@@ -26,11 +25,12 @@ from node.outer.replica import IdSetHash, Replica
 from node.sync.statefetch import download_state
 from node.sync.stateserve import BOTTOM_PREFIX, StateServer
 from p2p import Request, Response, TransportError
-from protocol.compression import Codec, decode_tensors, encode_tensors
 from protocol.errors import Reason
 from protocol.ledger import Ledger, LedgerConfig, Payload, UpdateMeta
 from protocol.ledger.digest import PIECE
+from protocol.ledger.proof import UpdateProof
 from node_net_helpers import fast_host_config
+from signed_updates import signed_update
 from waiting import wait_for
 
 RUN = "state-sync-test"
@@ -42,13 +42,12 @@ def fresh_ledger() -> Ledger:
     return Ledger({n: np.linspace(-1, 1, s[0], dtype=np.float32) for n, s in SHAPES.items()}, CONFIG)
 
 
-def updates() -> list[tuple[UpdateMeta, dict[str, np.ndarray], Payload]]:
+def updates() -> list[tuple[UpdateMeta, dict[str, np.ndarray], Payload | None, UpdateProof]]:
     out = []
     for i, (base, publish) in enumerate([(0, 0), (0, 0), (0, 1), (1, 2), (2, 3)]):
         rng = np.random.default_rng(i)
-        data = encode_tensors({n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}, Codec.INT4)
-        meta = UpdateMeta(hashlib.sha256(b"update %d" % i).digest(), f"peer{i}", base, publish, 100 + i, 5)
-        out.append((meta, decode_tensors(data, Codec.INT4, SHAPES), Payload(Codec.INT4, data)))
+        deltas = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+        out.append(signed_update(RUN, SHAPES, deltas, seed=i, base=base, publish=publish, tokens=100 + i))
     return out
 
 
@@ -56,10 +55,10 @@ async def same_replicas(n: int) -> list[Replica]:
     """`n` replicas of one state past its first window (the bottom moved: momentum is not zero)."""
     replicas = [Replica(fresh_ledger()) for _ in range(n)]
     for r in replicas:
-        for k, (meta, deltas, payload) in enumerate(updates()):
+        for k, (meta, deltas, payload, proof) in enumerate(updates()):
             if k in (2, 3, 4):
                 await r.close_open()
-            await r.add(meta, deltas, payload)
+            await r.add(meta, deltas, payload, proof)
     assert len({await r.digests() for r in replicas}) == 1 and replicas[0].base_slot >= 1
     return replicas
 
