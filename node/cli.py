@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after SIGTERM/SIGINT the node finishes its inner step, says goodbye (at most 1 s) and "
                          "writes a final checkpoint; past SECONDS it stops at once, without them (exit 1) "
                          "(default %(default)s)")
+    ev.add_argument("--log-format", default="text", choices=("text", "json"),
+                    help="stderr (and --log-file) lines: text for people, json for log collectors (one object "
+                         "per line: time, level, peer, logger, message) (default %(default)s)")
+    ev.add_argument("--log-file", type=Path, default=None, metavar="FILE",
+                    help="also append the log lines to FILE")
     ev.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                     help="stderr log level (default %(default)s)")
     chaos = p.add_argument_group("chaos (testing)")
@@ -267,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from node.logs import setup_logging
 
-    setup_logging(args.log_level)
+    try:
+        setup_logging(args.log_level, log_format=args.log_format, log_file=args.log_file)
+    except OSError as exc:
+        print(f"diloco-node: error: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         from node.outer.outer_files import return_freed_memory
         from node.runtime import NodeRuntime

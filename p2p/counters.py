@@ -2,7 +2,8 @@
 
 One `Counters` object per host; every I/O path adds to it. Per-peer counts name at most `MAX_NAMED_PEERS`
 peers (or remote hosts); later ones are counted together as `other`, so many keys or addresses cannot grow
-memory, `/status` or the metric labels without bound. `snapshot()` is JSON-ready for `/status`
+memory, `/status` or the metric labels without bound. (The node's `/metrics` is `node.status`'s, through
+prometheus_client.) `snapshot()` is JSON-ready for `/status`
 and `/metrics`. Counting is synchronous and cheap (plain ints), safe from any trio task; the blob
 paths that run in worker threads report back to the trio thread before counting.
 """
@@ -96,37 +97,6 @@ class Counters:
     def peers(self) -> list[str]:
         """Peers with any traffic (the `unknown` bucket only while it holds bytes)."""
         return sorted({p for (p, _), t in self._traffic.items() if t != Traffic()})
-
-    def prometheus(self, prefix: str = "diloco_p2p") -> str:
-        """Prometheus text exposition (counters only) for a node's `/metrics`."""
-        lines: list[str] = []
-
-        def family(name: str, help_text: str) -> str:
-            full = f"{prefix}_{name}"
-            lines.append(f"# HELP {full} {help_text}")
-            lines.append(f"# TYPE {full} counter")
-            return full
-
-        for field_name, what in [("sent_bytes", "bytes sent"), ("recv_bytes", "bytes received"),
-                                 ("sent_frames", "frames (blob: transfers) sent"),
-                                 ("recv_frames", "frames (blob: transfers) received")]:
-            full = family(f"{field_name}_total", f"{what}, by peer and kind")
-            for (peer, kind), t in sorted(self._traffic.items()):
-                lines.append(f'{full}{{peer="{peer}",kind="{kind.value}"}} {getattr(t, field_name)}')
-        full = family("rejections_total", "refused messages and blobs, by reason")
-        for reason in Reason:
-            lines.append(f'{full}{{reason="{reason.value}"}} {self.rejections[reason]}')
-        full = family("dropped_frames_total", "frames dropped because a peer's send queue was full")
-        for peer, n in sorted(self.dropped_frames.items()):
-            lines.append(f'{full}{{peer="{peer}"}} {n}')
-        for name, value, what in [("blob_downloads_total", self.blob_downloads, "verified blobs downloaded"),
-                                  ("blob_fetch_failures_total", self.blob_fetch_failures, "failed blob fetch attempts"),
-                                  ("blobs_served_total", self.blobs_served, "complete blob bodies served")]:
-            lines.append(f"{family(name, what)} {value}")
-        full = family("events_total", "connection events by name")
-        for event, n in sorted(self.events.items()):
-            lines.append(f'{full}{{event="{event}"}} {n}')
-        return "\n".join(lines) + "\n"
 
     def snapshot(self) -> dict[str, object]:
         """Everything, as plain JSON-able dicts."""

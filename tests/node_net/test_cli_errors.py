@@ -51,6 +51,8 @@ def test_each_user_error_is_one_line_naming_its_flag_and_exit_2(tmp_path: Path, 
                                         "Not a directory"),
         "membership of another key": (["--membership", str(tmp_path / "other.json")], "--membership", "but --key is"),
         "membership not one": (["--membership", str(tmp_path / "a-file")], "--membership", "not a membership file"),
+        "log file in no folder": (["--log-file", str(tmp_path / "no-such-folder" / "node.log")], "--log-file",
+                                  "No such file"),
     }
     procs = {}
     for name, (args, _, _) in cases.items():

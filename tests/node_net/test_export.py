@@ -1,10 +1,11 @@
 """Tier (c): the model gets out. A real node trains a few rounds and stops (its last checkpoint written);
-`diloco-export` turns the checkpoint into a safetensors file that a process importing only safetensors and
+(its log written as JSON lines to a file); `diloco-export` turns the checkpoint into a safetensors file that a process importing only safetensors and
 numpy loads, with exactly the run's global parameters (the ledger replayed); `diloco-sample` prints text
 from the checkpoint."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,8 +28,12 @@ print(len(params), sum(v.size for v in params.values()))
 
 
 def test_a_checkpoint_exports_to_safetensors_with_the_runs_global_parameters_and_samples_text(cluster, tmp_path) -> None:
-    node = cluster("a", *COMMON)
+    log_file = tmp_path / "node.jsonl"
+    node = cluster("a", *COMMON, "--log-format", "json", "--log-file", str(log_file))
     assert node.wait_exit(180.0) == 0, node.log_tail()
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]  # every line one JSON object
+    assert lines and all({"time", "level", "peer", "logger", "message"} <= set(x) for x in lines)
+    assert any(x["logger"] == "node.outer.rounds" and "published" in x["message"] for x in lines)
     checkpoint_dir = node.home / "ckpt"
     out = tmp_path / "model.safetensors"
     export = subprocess.run([sys.executable, "-m", "node.export", str(checkpoint_dir), "-o", str(out)], cwd=REPO,

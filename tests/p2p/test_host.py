@@ -66,7 +66,7 @@ async def test_a_joiner_fetches_the_state_named_in_a_manifest(tmp_path: Path) ->
             await old.close()
 
 
-async def test_status_metrics_and_extra_routes(tmp_path: Path) -> None:
+async def test_status_and_extra_routes(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             a = await start(nursery, host_config(tmp_path, "a"))
@@ -78,17 +78,11 @@ async def test_status_metrics_and_extra_routes(tmp_path: Path) -> None:
             async def status(request: Request) -> Response:
                 return Response(200, json.dumps(a.status()).encode(), {"content-type": "application/json"})
 
-            async def metrics(request: Request) -> Response:
-                return Response.text(200, a.counters.prometheus())
-
             a.http.route("GET", "/status", status)
-            a.http.route("GET", "/metrics", metrics)
             async with httpx.AsyncClient() as client:
                 got = (await client.get(f"{a.http_url}/status")).json()
                 assert got["peer_id"] == a.peer_id and got["peers"][0]["peer_id"] == b.peer_id
                 assert got["counters"]["totals"]["control"]["recv_bytes"] > 0
-                text = (await client.get(f"{a.http_url}/metrics")).text
-                assert f'diloco_p2p_recv_bytes_total{{peer="{b.peer_id}",kind="control"}}' in text
-                assert 'diloco_p2p_rejections_total{reason="bad_signature"} 0' in text
+                assert got["counters"]["peers"][b.peer_id]["control"]["recv_bytes"] > 0
             await b.close()
             await a.close()
