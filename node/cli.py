@@ -34,8 +34,9 @@ On several hosts: listen on every interface and say how peers reach this node wh
 A node with --peers never starts a run of its own: until a peer answers it waits, logging each failed
 dial; GET /status shows "waiting_for" and "dial_failures".
 
-Run-wide flags (every node of a run must agree): --run-id, --model, --set, --seed, --window, --outer-lr,
---outer-momentum, --norm-clip, --heartbeat.
+Run-wide settings (every node of a run must agree; a joiner with --peers takes them from the run): --model,
+--set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --norm-clip,
+--closed/--membership. All flags can come from a TOML file: --config node.toml.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
 compiled steps between starts, which cuts a restart's start-up from tens of seconds to a few.
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="diloco-node", description="One node of a peer-to-peer Decoupled DiLoCo training run.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="read flags from a TOML file (keys: the flag names without dashes; flags given here "
+                        "override it; see node/configfile.py)")
     net = p.add_argument_group("network")
     net.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
                      help="gossip TCP address; port 0 picks a free one (default %(default)s)")
@@ -264,12 +268,28 @@ def explicit_flags(argv: Sequence[str] | None) -> frozenset[str]:
     parser = build_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return frozenset(vars(parser.parse_args(argv)))
+        action.required = False  # --run-id and --key may come from a --config file
+    return frozenset(vars(parser.parse_known_args(argv)[0]))
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, frozenset[str]]:
+    """The arguments, a `--config` file's settings under the command line's, and the destinations the user
+    set (in the file or on the command line). Exits 2 with one line for a bad file."""
+    from node.configfile import ConfigFileError, apply_config_file
+
+    parser, pre = build_parser(), argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        from_file = apply_config_file(parser, known.config) if known.config is not None else frozenset()
+    except ConfigFileError as exc:
+        parser.exit(2, f"diloco-node: error: {exc}\n")
+    return parser.parse_args(argv), from_file | explicit_flags(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the node, return the exit status (see the module docstring)."""
-    args = build_parser().parse_args(argv)
+    args, given = parse(argv)
     from node.logs import setup_logging
 
     try:
@@ -287,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.adopt and runtime.settings.peers:
             from node.adopt import adopt_run_config
 
-            settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, explicit_flags(argv),
+            settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, given,
                                 min(30.0, args.sync_timeout or 30.0))
             if settings is not runtime.settings:
                 runtime = NodeRuntime(settings, runtime.identity)

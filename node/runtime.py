@@ -92,7 +92,9 @@ class NodeRuntime:
         self.ledger_config = ledger_config(settings, self.cfg)
         self.admission = load_admission(settings, self.peer_id)
         self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint(), self.admission.founder)
-        self.stats = NodeStats(self.peer_id)
+        self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.cfg.inner.lr,
+                               max_rounds=settings.max_rounds,
+                               model=f"{settings.model}, {sum(math.prod(s) for s in self.shapes.values()):,} parameters")
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,

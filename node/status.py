@@ -9,6 +9,7 @@ cached values; the `/status` handler refreshes them first (in a worker thread).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import resource
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -32,6 +33,12 @@ from node.outer.replica import Replica
 __all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
 
 STATUS_LIMIT = "50/second"  # per client address, for /status and /metrics (a poll a second is plenty)
+ROUND_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+FETCH_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
+try:
+    VERSION = importlib.metadata.version("diloco")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+    VERSION = "unknown"
 
 # Where a node's wall time goes (`NodeStats.time_s`, `/status` "time_s"): inner steps, and everything else.
 # Phases ending in "_bg" run alongside the others (background threads) and are not part of the sum.
@@ -65,6 +72,12 @@ class NodeStats:
     # the last failed write per kind ("checkpoint", "update_blob": a full disk, permissions), removed when a
     # write of that kind succeeds again; the node keeps training meanwhile
     disk_errors: dict[str, str] = field(default_factory=dict)
+    # what this node trains (set by the runtime): shown in /status and on the info metric
+    run_id: str = ""
+    model: str = ""  # the preset, and how many parameters
+    inner_lr: float | None = None  # the inner optimizer's peak learning rate
+    max_rounds: int | None = None
+    round_seconds: Histogram | None = None  # set by StatusRoutes (/metrics): the wall time of each round
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -76,6 +89,8 @@ class NodeStats:
             self.time_s[phase] += time.perf_counter() - start
 
     def observe_round(self, steps: int, seconds: float, tokens: int, loss: float) -> None:
+        if self.round_seconds is not None:
+            self.round_seconds.observe(seconds)
         self.inner_steps += steps
         self.tokens += tokens
         self.loss = loss if math.isfinite(loss) else None
@@ -101,6 +116,10 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         digests = replica.cached_digests
     return {
         "peer_id": stats.peer_id,
+        "run_id": stats.run_id,
+        "model": stats.model,
+        "inner_lr": stats.inner_lr,
+        "rounds_left": max(0, stats.max_rounds - stats.round) if stats.max_rounds is not None else None,
         "state": stats.state,
         "slot": replica.slot if replica is not None else 0,
         "round": stats.round,
@@ -154,9 +173,13 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = status_fields(self.routes.stats, self.routes.replica, self.routes.host)
-        info = GaugeMetricFamily("diloco_node_info", "this node (value 1)", labels=["peer_id", "state"])
-        info.add_metric([s["peer_id"], s["state"]], 1)
+        info = GaugeMetricFamily("diloco_node_info", "this node (value 1)", labels=["peer_id", "run_id", "model", "version"])
+        info.add_metric([s["peer_id"], s["run_id"], s["model"], VERSION], 1)
         yield info
+        state = GaugeMetricFamily("diloco_node_state", "1 for the node's state, 0 for the others", labels=["state"])
+        for name in ("syncing", "training", "stopped"):
+            state.add_metric([name], float(s["state"] == name))
+        yield state
         for name, help_text, value in [
             ("slot", "slots closed (outer steps applied)", s["slot"]),
             ("round", "rounds finished", s["round"]),
@@ -173,8 +196,6 @@ class _Collector(Collector):
         for name, help_text, value in [
             ("inner_steps", "inner steps done by this process", s["inner_steps"]),
             ("tokens", "tokens trained by this process", s["tokens"]),
-            ("bytes_sent", "bytes sent, all kinds", s["bytes_sent"]),
-            ("bytes_received", "bytes received, all kinds", s["bytes_received"]),
             ("updates_applied", "updates put into the ledger (own and peers')", s["updates_applied"]),
             ("updates_published", "updates this node published", s["updates_published"]),
             ("contributed_step_seconds", "inner-step time of rounds whose update was published",
@@ -208,6 +229,11 @@ class StatusRoutes:
         self.replica: Replica | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+        stats.round_seconds = Histogram("diloco_node_round_seconds", "wall time of a round (training, compression, "
+                                        "publishing)", buckets=ROUND_BUCKETS, registry=self.registry)
+        fetch = Histogram("diloco_p2p_blob_fetch_seconds", "wall time of a blob download that succeeded",
+                          buckets=FETCH_BUCKETS, registry=self.registry)
+        host.counters.on_fetch = fetch.observe
 
     def mount(self) -> None:
         self.host.http.route("GET", "/status", self.status, per_client=STATUS_LIMIT)

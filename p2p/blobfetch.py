@@ -255,6 +255,7 @@ class BlobClient:
 
     async def fetch_once(self, peer: str, base_url: str, name: str, size: int) -> None:
         """Download blob `name` (`size` bytes) from `peer` at `base_url` into the store, verified."""
+        started = trio.current_time()
         try:
             writer = self.store.open_writer(name, size)
             try:
@@ -266,6 +267,8 @@ class BlobClient:
             raise TransportError(f"blob {name[:12]}: local store: {exc}", peer=peer) from exc
         self.counters.blob_downloads += 1
         self.counters.traffic(peer, Kind.BLOB).recv_frames += 1
+        if self.counters.on_fetch is not None:
+            self.counters.on_fetch(trio.current_time() - started)
 
     async def _download(self, peer: str, url: str, writer: BlobWriter) -> None:
         n = self.queue_chunks

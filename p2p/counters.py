@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from protocol.errors import Reason
@@ -54,6 +55,7 @@ class Counters:
         self.events: Counter[str] = Counter()  # connects, disconnects, dials, ... by name
         self.queued_by_kind: Counter[str] = Counter()  # control bytes queued for sending, by message kind
         self._names: set[str] = {UNKNOWN_PEER, OTHER_PEERS}  # peers counted under their own name
+        self.on_fetch: Callable[[float], None] | None = None  # told each successful blob download's seconds
 
     def _named(self, peer: str) -> str:
         """`peer` itself while fewer than MAX_NAMED_PEERS are named (or it already is), else OTHER_PEERS."""

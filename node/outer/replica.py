@@ -338,6 +338,10 @@ class Replica:
         keep = set(window)
         self.proofs = {i: p for i, p in self.proofs.items() if i in keep}
 
+    async def prune_proofs_to_window(self) -> None:
+        """`prune_proofs` with the ledger's window now (once a round: the proofs stay bounded by the window)."""
+        self.prune_proofs(await self._run(lambda: [e.meta.update_id for e in self._ledger.entries()]))
+
     async def snapshot_bytes(self) -> bytes:
         """The canonical snapshot encoding (for checkpoints)."""
         return await self._run(lambda: self._ledger.snapshot().to_bytes())

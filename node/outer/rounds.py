@@ -311,6 +311,7 @@ class Rounds:
             stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
             outcome, _ = await self.replica.add(meta, stored_deltas, stored, proof_of(signed))  # kept mapped, not in memory
         clock.lap("ledger_add")
+        await self.replica.prune_proofs_to_window()
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
         log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",

@@ -7,9 +7,10 @@ both from :func:`tensor_terms`.
 Bounded influence (:mod:`protocol.ledger.bound`: which entries count, and the norm bound ``τ``): per origin,
 only the update with the smallest ``update_id`` counts (the others get ``c_i = 0`` and no weight), and each
 counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_clip`` × the lower median
-of the counted norms. With three or more counted updates, one whose direction disagrees with the sum of the
-others (cosine at most ``direction_screen``) is screened out of the tensor (``c_i = 0``, no weight), unless
-that would leave out more than half. Then:
+of the counted norms. With three or more counted updates, those whose direction disagrees with the sum of
+the others (cosine at most ``direction_screen``) are screened out of the tensor (``c_i = 0``, no weight) one
+at a time, the most disagreeing first, the cosines taken again among the rest each time, while three are
+left to judge by and more than half of them stay. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -142,9 +143,12 @@ def step_bound(entry: SlotEntry, name: str, config: LedgerConfig) -> float:
 def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str, config: LedgerConfig,
               gram: GramCache | None) -> set[bytes]:
     """Ids of counted entries whose direction disagrees with the rest of the slot (see the module docstring):
-    with ``m ≥ 3`` counted nonzero entries, entry ``i`` is screened out when the cosine between ``Δ_i`` and
-    ``U_{-i} = Σ_{j≠i} c_j Δ_j`` is at most ``direction_screen``, unless fewer than half would remain."""
-    live = [e for e in kept if coefficients[e.meta.update_id] != 0.0]
+    among the ``m ≥ 3`` counted nonzero entries still in, entry ``i`` disagrees when the cosine ``q_i`` between
+    ``Δ_i`` and ``U_{-i} = Σ_{j≠i} c_j Δ_j`` is at most ``direction_screen``; the one with the smallest
+    ``q_i`` (ties: the smaller id) is screened out and the cosines are taken again, while at least three are
+    in and more than half of the ``m`` would stay. (All at once, a negated update's pull on the others' sums
+    could make every update of a three-update slot "disagree", and then nobody was screened.)"""
+    live = sorted((e for e in kept if coefficients[e.meta.update_id] != 0.0), key=lambda e: e.meta.update_id)
     if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 3:
         return set()
     dots = (gram or GramCache()).dots(live, name)
@@ -152,18 +156,29 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
     def g(a: bytes, b: bytes) -> float:
         return dots[(a, b) if a <= b else (b, a)]
 
-    ids = [e.meta.update_id for e in live]
-    c = {i: coefficients[i] for i in ids}
-    out = set()
-    for e in live:
-        i = e.meta.update_id
-        others = [j for j in ids if j != i]
-        along = math.fsum(c[j] * g(i, j) for j in others)  # ⟨Δ_i, U_{-i}⟩
-        rest_sq = math.fsum(c[j] * c[k] * g(j, k) for j in others for k in others)  # ‖U_{-i}‖²
-        norm_i = e.norms[name]
-        if rest_sq <= 0.0 or along <= config.direction_screen * norm_i * math.sqrt(rest_sq):
-            out.add(i)
-    return out if 2 * (len(live) - len(out)) >= len(live) else set()
+    c = {e.meta.update_id: coefficients[e.meta.update_id] for e in live}
+    norms = {e.meta.update_id: e.norms[name] for e in live}
+    remaining = [e.meta.update_id for e in live]
+    out: set[bytes] = set()
+    while len(remaining) >= 3 and 2 * (len(remaining) - 1) > len(live):
+        worst: tuple[float, bytes] | None = None
+        for i in remaining:  # in id order: a tie keeps the smaller id
+            others = [j for j in remaining if j != i]
+            along = math.fsum(c[j] * g(i, j) for j in others)  # ⟨Δ_i, U_{-i}⟩
+            rest_sq = math.fsum(c[j] * c[k] * g(j, k) for j in others for k in others)  # ‖U_{-i}‖²
+            if rest_sq <= 0.0 or norms[i] <= 0.0:  # nothing to agree with, or no direction of its own
+                q = -math.inf
+            elif along <= config.direction_screen * norms[i] * math.sqrt(rest_sq):
+                q = along / (norms[i] * math.sqrt(rest_sq))
+            else:
+                continue
+            if worst is None or q < worst[0]:
+                worst = (q, i)
+        if worst is None:
+            break
+        out.add(worst[1])
+        remaining.remove(worst[1])
+    return out
 
 
 def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,

@@ -187,20 +187,30 @@ class Spec:
         return self._dots[key]
 
     def screened(self, entries: list[tuple[str, float]], name: str) -> set[str]:
-        """The direction screen: with m ≥ 3 updates of nonzero c, those whose cosine with the others' sum is
-        at most κ, unless fewer than half would remain."""
+        """The direction screen: among the m ≥ 3 updates of nonzero c still in, the one whose cosine with the
+        others' sum is smallest, if at most κ, is screened out (ties: the smaller id), and again, while at
+        least three are in and more than half of the m would stay."""
         live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
-        live = [(t, c) for t, c in live if c != 0.0]
+        live = sorted(((t, c) for t, c in live if c != 0.0), key=lambda tc: self.uid(tc[0]))
         if self.clip == 0.0 or self.kappa is None or len(live) < 3:
             return set()
-        out = set()
-        for t, _ in live:
-            others = [(u, c) for u, c in live if u != t]
-            along = math.fsum(c * self.dot(t, u, name) for u, c in others)
-            rest = math.fsum(cj * ck * self.dot(j, k, name) for j, cj in others for k, ck in others)
-            if rest <= 0.0 or along <= self.kappa * self.norm(t, name) * math.sqrt(rest):
-                out.add(t)
-        return out if 2 * (len(live) - len(out)) >= len(live) else set()
+        out: set[str] = set()
+        while len(live) - len(out) >= 3 and 2 * (len(live) - len(out) - 1) > len(live):
+            cosines = []
+            for t, _ in live:
+                if t in out:
+                    continue
+                others = [(u, c) for u, c in live if u != t and u not in out]
+                along = math.fsum(c * self.dot(t, u, name) for u, c in others)
+                rest = math.fsum(cj * ck * self.dot(j, k, name) for j, cj in others for k, ck in others)
+                if rest <= 0.0 or self.norm(t, name) <= 0.0:
+                    cosines.append((-math.inf, t))
+                elif along <= self.kappa * self.norm(t, name) * math.sqrt(rest):
+                    cosines.append((along / (self.norm(t, name) * math.sqrt(rest)), t))
+            if not cosines:
+                break
+            out.add(min(cosines, key=lambda qt: (qt[0], self.uid(qt[1])))[1])
+        return out
 
     def coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
         """c_i of ``tag`` (weight ``w``) in a slot holding ``entries`` (``tag`` among them)."""
@@ -342,7 +352,8 @@ def ledger_config() -> LedgerConfig:
                         staleness_alpha=float(c["staleness_alpha"]), weighting=c["weighting"],
                         aggregation=c["aggregation"], embeddings=frozenset(c["embeddings"].strip("[]").split(",")),
                         stale_policy=c["stale_policy"], max_future_slots=int(c["max_future_slots"]),
-                        norm_clip=float(c["norm_clip"]), direction_screen=float(c["direction_screen"]),
+                        norm_clip=float(c["norm_clip"]),
+                        direction_screen=None if c["direction_screen"] == "nil" else float(c["direction_screen"]),
                         max_step_rms=None if c["max_step_rms"] == "nil" else float(c["max_step_rms"]))
 
 

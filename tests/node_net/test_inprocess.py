@@ -63,8 +63,13 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
             assert status["state"] == "training" and status["peer_id"] == a.peer_id and len(status["peers"]) == 3
             assert len(status["ledger_digest"]) == 64 and len(status["params_digest"]) == 64
             assert status["inner_steps"] >= 10 and status["tokens"] == status["inner_steps"] * 8 * 32
+            assert status["run_id"] == "inproc" and status["inner_lr"] == 1e-2 and status["rounds_left"] <= 2
+            assert status["model"].startswith("tiny, ") and status["model"].endswith(" parameters")
             assert "diloco_node_slot " in metrics and "diloco_node_inner_steps_total " in metrics
-            assert 'diloco_node_info{peer_id="' + a.peer_id + '",state="training"} 1.0' in metrics
+            assert 'diloco_node_info{model="' in metrics and f'peer_id="{a.peer_id}"' in metrics
+            assert 'diloco_node_state{state="training"} 1.0' in metrics
+            assert 'diloco_node_state{state="syncing"} 0.0' in metrics
+            assert "diloco_node_round_seconds_bucket" in metrics and "diloco_p2p_blob_fetch_seconds_count" in metrics
             # Every state a joiner may take is then past slot 0 (slots only move forward); once connected,
             # the joiner is waited for by the founders' drain until its goodbye.
             await wait_for(lambda: all(n.replica.slot >= 1 for n in (a, *others)), 60, "slot 1 everywhere")
