@@ -10,7 +10,7 @@ counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_
 of the counted norms. With three or more counted updates, those whose direction disagrees with the sum of
 the others (cosine at most ``direction_screen``) are screened out of the tensor (``c_i = 0``, no weight) one
 at a time, the most disagreeing first, the cosines taken again among the rest each time, while three are
-left to judge by and more than half of them stay. Then:
+left to judge by and more than half of them stay; two that disagree are both screened out. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -147,14 +147,21 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
     ``Δ_i`` and ``U_{-i} = Σ_{j≠i} c_j Δ_j`` is at most ``direction_screen``; the one with the smallest
     ``q_i`` (ties: the smaller id) is screened out and the cosines are taken again, while at least three are
     in and more than half of the ``m`` would stay. (All at once, a negated update's pull on the others' sums
-    could make every update of a three-update slot "disagree", and then nobody was screened.)"""
+    could make every update of a three-update slot "disagree", and then nobody was screened.) With exactly two,
+    both are screened out when their cosine is at most ``direction_screen``: a step along their difference
+    would be noise (one honest update and one negated one)."""
     live = sorted((e for e in kept if coefficients[e.meta.update_id] != 0.0), key=lambda e: e.meta.update_id)
-    if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 3:
+    if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 2:
         return set()
     dots = (gram or GramCache()).dots(live, name)
 
     def g(a: bytes, b: bytes) -> float:
         return dots[(a, b) if a <= b else (b, a)]
+
+    if len(live) == 2:  # two that pull apart give no direction to step in: neither counts
+        (a, na), (b, nb) = ((e.meta.update_id, e.norms[name]) for e in live)
+        disagree = na <= 0.0 or nb <= 0.0 or g(a, b) <= config.direction_screen * na * nb
+        return {a, b} if disagree else set()
 
     c = {e.meta.update_id: coefficients[e.meta.update_id] for e in live}
     norms = {e.meta.update_id: e.norms[name] for e in live}

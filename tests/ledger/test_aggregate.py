@@ -203,8 +203,10 @@ def test_the_direction_screen_leaves_out_a_random_direction_but_never_the_majori
     terms = tensor_terms(es, "w", LedgerConfig())
     assert terms.coefficients[meta("evil").update_id] == 0.0
     assert terms.coefficients[meta("h0").update_id] > 0.0 and terms.coefficients[meta("h1").update_id] > 0.0
-    # fewer than three: never screened
-    es = [entry("h0", 1.0, w=honest[0]), entry("evil", 1.0, w=-honest[0])]
+    # two that pull apart: neither counts (a step along their difference would be noise); two that agree: both
+    es = [entry("h0", 1.0, w=honest[0]), entry("evil", 1.0, w=-honest[1])]
+    assert all(c == 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
+    es = [entry("h0", 1.0, w=honest[0]), entry("h1", 1.0, w=honest[1])]
     assert all(c != 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
 
 

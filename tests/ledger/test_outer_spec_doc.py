@@ -192,8 +192,12 @@ class Spec:
         least three are in and more than half of the m would stay."""
         live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
         live = sorted(((t, c) for t, c in live if c != 0.0), key=lambda tc: self.uid(tc[0]))
-        if self.clip == 0.0 or self.kappa is None or len(live) < 3:
+        if self.clip == 0.0 or self.kappa is None or len(live) < 2:
             return set()
+        if len(live) == 2:
+            (a, _), (b, _) = live
+            na, nb = self.norm(a, name), self.norm(b, name)
+            return {a, b} if na <= 0.0 or nb <= 0.0 or self.dot(a, b, name) <= self.kappa * na * nb else set()
         out: set[str] = set()
         while len(live) - len(out) >= 3 and 2 * (len(live) - len(out) - 1) > len(live):
             cosines = []
