@@ -44,9 +44,12 @@ def fresh_ledger() -> Ledger:
 
 def updates() -> list[tuple[UpdateMeta, dict[str, np.ndarray], Payload | None, UpdateProof]]:
     out = []
+    shared = {n: np.random.default_rng(99).standard_normal(s) for n, s in SHAPES.items()}
     for i, (base, publish) in enumerate([(0, 0), (0, 0), (0, 1), (1, 2), (2, 3)]):
         rng = np.random.default_rng(i)
-        deltas = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+        # pseudo-gradients of one model agree (a shared direction): independent random ones would be screened
+        # out of two-update slots (protocol.ledger.aggregate), leaving the window bottom's momentum zero
+        deltas = {n: (shared[n] + rng.standard_normal(s)).astype(np.float32) for n, s in SHAPES.items()}
         out.append(signed_update(RUN, SHAPES, deltas, seed=i, base=base, publish=publish, tokens=100 + i))
     return out
 
