@@ -187,30 +187,25 @@ class Spec:
         return self._dots[key]
 
     def screened(self, entries: list[tuple[str, float]], name: str) -> set[str]:
-        """The direction screen: among the m ≥ 3 updates of nonzero c still in, the one whose cosine with the
-        others' sum is smallest, if at most κ, is screened out (ties: the smaller id), and again, while at
-        least three are in and more than half of the m would stay."""
+        """The direction screen: two that pull apart both go; of m ≥ 3, the one with the smallest cosine ≤ κ with
+        the others' sum goes (ties: smaller id), again while three are in and more than half of the m stay."""
         live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
         live = sorted(((t, c) for t, c in live if c != 0.0), key=lambda tc: self.uid(tc[0]))
         if self.clip == 0.0 or self.kappa is None or len(live) < 2:
             return set()
+        n = {t: self.norm(t, name) for t, _ in live}
         if len(live) == 2:
             (a, _), (b, _) = live
-            na, nb = self.norm(a, name), self.norm(b, name)
-            return {a, b} if na <= 0.0 or nb <= 0.0 or self.dot(a, b, name) <= self.kappa * na * nb else set()
+            return {a, b} if min(n[a], n[b]) <= 0.0 or self.dot(a, b, name) <= self.kappa * n[a] * n[b] else set()
         out: set[str] = set()
         while len(live) - len(out) >= 3 and 2 * (len(live) - len(out) - 1) > len(live):
             cosines = []
-            for t, _ in live:
-                if t in out:
-                    continue
+            for t in (t for t, _ in live if t not in out):
                 others = [(u, c) for u, c in live if u != t and u not in out]
                 along = math.fsum(c * self.dot(t, u, name) for u, c in others)
                 rest = math.fsum(cj * ck * self.dot(j, k, name) for j, cj in others for k, ck in others)
-                if rest <= 0.0 or self.norm(t, name) <= 0.0:
-                    cosines.append((-math.inf, t))
-                elif along <= self.kappa * self.norm(t, name) * math.sqrt(rest):
-                    cosines.append((along / (self.norm(t, name) * math.sqrt(rest)), t))
+                if rest <= 0.0 or n[t] <= 0.0 or along <= self.kappa * n[t] * math.sqrt(rest):
+                    cosines.append((-math.inf if rest <= 0.0 or n[t] <= 0.0 else along / (n[t] * math.sqrt(rest)), t))
             if not cosines:
                 break
             out.add(min(cosines, key=lambda qt: (qt[0], self.uid(qt[1])))[1])
