@@ -414,6 +414,10 @@ class NodeRuntime:
         try:
             deltas, payload = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
             outcome, closed = await self.replica.add(meta, deltas, payload, proof_of(delivery.message))
+        except FileNotFoundError:  # the blob clean-up removed its payload first (a slot that left the window)
+            log.info("update %s from %s: its payload was removed before it was read; skipped",
+                     meta.update_id.hex()[:16], header.origin)
+            return
         except RemoteProtocolError as exc:
             self.stats.rejections[exc.reason.value] += 1
             log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,

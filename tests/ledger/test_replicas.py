@@ -99,8 +99,9 @@ def shuffled(case, rnd, drop=None, snapshot_at=None):
     return led
 
 
-def rel_diff(a, b):
-    scale = max(max(float(np.max(np.abs(a[k]))) for k in a), 1e-30)
+def rel_diff(a, b, floor: float = 1e-30):
+    """The largest difference relative to the larger side's largest magnitude, or to `floor` if that is less."""
+    scale = max(max(float(np.max(np.abs(x[k]))) for x in (a, b) for k in x), floor, 1e-30)
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a) / scale
 
 
@@ -120,9 +121,13 @@ def test_replicas_agree_whatever_the_order(case, order_seed):
         # bound, a late update can also *shrink* a slot's aggregate by up to the spread of the updates'
         # norms (here 10⁴: it reveals that a norm already applied is an outlier); the float32 state keeps
         # its rounding of the larger value (~6e-8 × 10⁴ of the result), hence 1e-3 then.
+        # The direction screen can also leave a slot with no step at all once a late update comes (two that
+        # pull apart): the canonical momentum is then exactly 0 where a replica that had applied the first
+        # one keeps its float32 rounding, so momentum is measured against the largest update element too.
         tolerance = 1e-4 if case.config.norm_clip == 0.0 else 1e-3
+        largest = max((float(np.max(np.abs(d))) for _, deltas in case.updates for d in deltas.values()), default=0.0)
         assert rel_diff(led.params(np.float64), ref.params(np.float64)) <= tolerance
-        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64)) <= tolerance
+        assert rel_diff(led.momentum(np.float64), ref.momentum(np.float64), largest) <= tolerance
         assert led.ledger_digest() == ref.ledger_digest()
         assert sum(led.counters[k] for k in ("applied-open", "folded-late", "held-future")) == len(case.updates)
         assert led.counters["applied-stale"] == led.counters["dropped-stale"] == led.counters["duplicate"] == 0
