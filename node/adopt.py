@@ -36,7 +36,7 @@ from node.settings import NodeSettings, ledger_config, run_configuration
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.framing import FrameDecoder
 from protocol.messages import Hello, split_addr
-from protocol.runconfig import config_differences
+from protocol.runconfig import config_differences, decode_config
 from protocol.validation import Validator
 
 __all__ = ["adopt_run_config", "adopted", "peer_hello"]
@@ -53,14 +53,10 @@ _DERIVED = {"inner.init_seed", "data.data_seed"}  # follow run.seed
 
 
 def _fields(text: str) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for line in text.splitlines():
-        name, _, value = line.partition("=")
-        try:
-            out[name] = json.loads(value)
-        except ValueError:
-            raise ConfigError(f"the run's configuration has an unreadable line {line[:80]!r}") from None
-    return out
+    try:
+        return decode_config(text)
+    except RemoteProtocolError as exc:
+        raise ConfigError(f"the run's configuration is unreadable: {exc.detail}") from None
 
 
 def _by_set(name: str) -> bool:

@@ -22,7 +22,6 @@ module; `diloco-sample` generates text from it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError, read_che
 from node.island.config import ModelConfig
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot
+from protocol.runconfig import decode_config
 
 __all__ = ["FORMAT", "global_params", "load_checkpoint", "load_exported", "model_config", "export"]
 
@@ -68,11 +68,11 @@ def global_params(ckpt: Checkpoint) -> dict[str, np.ndarray]:
 
 def model_config(run_config: str) -> ModelConfig:
     """The architecture a run configuration names (its `model.*` lines)."""
-    fields = {}
-    for line in run_config.splitlines():
-        name, _, value = line.partition("=")
-        if name.startswith("model."):
-            fields[name[len("model."):]] = json.loads(value)
+    try:
+        settings = decode_config(run_config)
+    except RemoteProtocolError as exc:
+        raise ValueError(f"the run configuration is unreadable: {exc.detail}") from None
+    fields = {name[len("model."):]: value for name, value in settings.items() if name.startswith("model.")}
     if not fields:
         raise ValueError("the run configuration names no model (no model.* lines)")
     return ModelConfig(**fields)

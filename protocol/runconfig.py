@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from protocol.errors import Reason, RemoteProtocolError
 
-__all__ = ["MAX_CONFIG_BYTES", "check_config", "config_differences", "config_hash", "encode_config"]
+__all__ = ["MAX_CONFIG_BYTES", "check_config", "config_differences", "config_hash", "decode_config", "encode_config"]
 
 MAX_CONFIG_BYTES = 8192  # the `hello` field's bound
 Value = int | float | str | bool | None | tuple[str, ...] | list[str]
@@ -59,6 +59,18 @@ def _fields(text: str) -> dict[str, str]:
         if not sep or name in out:
             raise RemoteProtocolError(Reason.BAD_SCHEMA, f"run configuration line {line[:60]!r} is malformed")
         out[name] = value
+    return out
+
+
+def decode_config(text: str) -> dict[str, object]:
+    """The settings of an encoded configuration, their JSON values decoded (`encode_config`'s inverse).
+    Raises ``RemoteProtocolError(BAD_SCHEMA)`` for a line that is not ``name=<JSON>``."""
+    out: dict[str, object] = {}
+    for name, value in _fields(text).items():
+        try:
+            out[name] = json.loads(value)
+        except ValueError:
+            raise RemoteProtocolError(Reason.BAD_SCHEMA, f"run configuration value {name}={value[:40]!r} is not JSON") from None
     return out
 
 

@@ -24,6 +24,7 @@ from protocol.ledger import LedgerConfig, Payload, PayloadDeltas, UpdateMeta
 from protocol.ledger.bound import check_claim
 from protocol.ledger.weights import check_meta
 from protocol.ledger.chunks import tensor_norm
+from protocol.ledger.proof import header_shapes
 from protocol.messages import Signed, UpdateHeader
 
 __all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "shapes_field", "update_meta"]
@@ -31,9 +32,7 @@ __all__ = ["Shapes", "accept_hook", "compress", "decode_update", "make_delta", "
 Shapes = Mapping[str, tuple[int, ...]]
 
 
-def shapes_field(shapes: Shapes) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The `shapes` field of an UpdateHeader: (name, shape) sorted by name (UTF-8 bytes order)."""
-    return tuple((name, tuple(int(d) for d in shapes[name])) for name in sorted(shapes, key=lambda n: n.encode()))
+shapes_field = header_shapes  # the `shapes` field of an UpdateHeader (protocol.ledger.proof)
 
 
 def update_meta(signed: Signed) -> UpdateMeta:
