@@ -15,9 +15,7 @@ timeout): after its fourth round, nothing from anyone reached a (issue "Trust in
 
 from __future__ import annotations
 
-import re
-from datetime import datetime
-from pathlib import Path
+from testnet.benchmarks.node_logs import intake_delays, on_time
 
 ROUNDS = 14
 # --slowdown makes the rounds ~1.5 s of sleeping (little CPU), so all three nodes train side by side
@@ -26,18 +24,6 @@ COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "100", "-
 ON_TIME_S = 5.0  # a few rounds: a download held up by a tarpit takes ~20 s per byte
 TOLERANCE = 0.20
 START_S = 180.0
-
-_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
-_PUBLISHED = re.compile(_STAMP + r".*published [0-9a-f]+ \(.*blob ([0-9a-f]{12})\)", re.M)
-_FETCHED = re.compile(_STAMP + r".*fetched blob ([0-9a-f]{12}) ", re.M)
-
-
-def _times(pattern: re.Pattern[str], log: Path) -> dict[str, datetime]:
-    found: dict[str, datetime] = {}
-    for stamp, blob in pattern.findall(log.read_text()):
-        found.setdefault(blob, datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"))
-    return found
-
 
 def _on_time_intake(cluster, prefix: str, third: list[str]) -> tuple[int, int, str]:
     """Run a, b and a third node to the end; how many of b's updates a fetched within ON_TIME_S, of how
@@ -51,11 +37,9 @@ def _on_time_intake(cluster, prefix: str, third: list[str]) -> tuple[int, int, s
     for node in (a, b):
         assert node.wait_exit(300.0) == 0, node.log_tail()
     other.kill()
-    published, fetched = _times(_PUBLISHED, b.log_path), _times(_FETCHED, a.log_path)
-    assert len(published) >= ROUNDS - 1, "b published its rounds"
-    on_time = sum(1 for blob, at in published.items()
-                  if blob in fetched and (fetched[blob] - at).total_seconds() <= ON_TIME_S)
-    return on_time, len(published), a.log_path.read_text()
+    delays = intake_delays(b.log_path, a.log_path)
+    assert len(delays) >= ROUNDS - 1, "b published its rounds"
+    return on_time(delays, ON_TIME_S), len(delays), a.log_path.read_text()
 
 
 def test_a_tarpitting_peer_does_not_slow_the_intake_of_honest_updates(cluster) -> None:
