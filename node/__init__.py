@@ -1,7 +1,9 @@
 """The training node (`diloco-node`), in three parts that show the design:
 
-- `node.island` — the island's training, which knows nothing of the network: the model (Flax NNX,
-  `model`, presets in `config`), the data (`data`), the jitted inner loop (`train.InnerLoop`:
+- `node.island` — the island's training, which knows nothing of the network: what a node trains (`task`:
+  a `Model` — init, loss, optimizer — and its data; the library API, `diloco`), the CLI's byte-level
+  transformer as one such model (`bytelm`; the Flax NNX module in `model`, presets in `config`, the corpus in
+  `data`), the jitted inner loop (`train.InnerLoop`:
   `set_params` / `run` / `evaluate` / `state_dict`, parameters in flat form `dict[str, np.ndarray]`),
   held-out evaluation (`evaluate`) and the synchronous data-parallel baseline (`baseline`).
 - `node.outer` — the outer loop around it: the ledger service (`replica.Replica`, the one owner of the
@@ -34,6 +36,7 @@ _EXPORTS = {
                    "make_apply", "param_count", "param_shapes", "unflatten_params"),
     "node.runtime": ("NodeRuntime", "Stopped"),
     "node.settings": ("NodeSettings",),
+    "node.island.task": ("IterableBatches", "Model", "Task"),
     "node.island.train": ("InnerLoop", "RoundResult"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
                             make_apply, param_count, param_shapes, unflatten_params)
     from node.runtime import NodeRuntime, Stopped
     from node.settings import NodeSettings
+    from node.island.task import IterableBatches, Model, Task
     from node.island.train import InnerLoop, RoundResult
 
 

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,6 +39,9 @@ from protocol.framing import FrameDecoder
 from protocol.messages import Hello, split_addr
 from protocol.runconfig import config_differences, decode_config
 from protocol.validation import Validator
+
+if TYPE_CHECKING:
+    from node.island.task import Task
 
 __all__ = ["adopt_run_config", "adopted", "peer_hello"]
 
@@ -68,16 +72,19 @@ def _override(name: str, value: object) -> str:
     return f"{name}={text}"
 
 
-def own_run_config(settings: NodeSettings, founder: str) -> str:
-    cfg = settings.ml_config("")
-    return run_configuration(settings, cfg, ledger_config(settings, cfg).fingerprint(), founder)
+def own_run_config(settings: NodeSettings, founder: str, task: Task | None = None) -> str:
+    task = task if task is not None else settings.byte_lm_task()
+    return run_configuration(settings, task, ledger_config(settings, task).fingerprint(), founder)
 
 
-def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collection[str], peer: str = "the peer") -> NodeSettings:
+def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collection[str], peer: str = "the peer",
+            task: Task | None = None) -> NodeSettings:
     """`settings` with the run-wide settings of `theirs` (a run configuration text) that `pinned` (the
-    NodeSettings fields the user gave) leaves open. `founder`: this node's (`protocol.admission`).
-    Raises ConfigError when a pinned setting conflicts or the difference cannot be adopted."""
-    ours = own_run_config(settings, founder)
+    NodeSettings fields the user gave) leaves open. `founder`: this node's (`protocol.admission`). `task`: a
+    library user's (`diloco.run`), whose model is theirs to choose: its fields are never adopted, only
+    compared; None for the CLI's byte-level model. Raises ConfigError when a pinned setting conflicts or the
+    difference cannot be adopted."""
+    ours = own_run_config(settings, founder, task)
     if ours == theirs:
         return settings
     mine, other = _fields(ours), _fields(theirs)
@@ -93,6 +100,9 @@ def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collectio
             if field in pinned:
                 conflicts.append(f"{flag} {getattr(settings, field)} (the run's {name} is {json.dumps(value)})")
             changes[field] = value
+        elif task is not None and name.startswith(("model.", "inner.", "data.")):
+            conflicts.append(f"this program's model has {name}={json.dumps(mine.get(name))} (the run's is "
+                             f"{json.dumps(value)})")
         elif _by_set(name) and name in other:
             if "model" in pinned or "overrides" in pinned:
                 conflicts.append(f"--model/--set give {name}={json.dumps(mine.get(name))} (the run's is {json.dumps(value)})")
@@ -101,7 +111,7 @@ def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collectio
         raise ConfigError(f"--peers: this node's settings conflict with the run's ({peer}): " + "; ".join(conflicts)
                           + ". Drop those flags to train with the run's settings, or start another run id")
     candidate = dataclasses.replace(settings, overrides=(*settings.overrides, *overrides), **changes)
-    left = config_differences(own_run_config(candidate, founder), theirs)
+    left = config_differences(own_run_config(candidate, founder, task), theirs)
     if left:
         raise ConfigError(f"--peers: the run's configuration ({peer}) differs in settings no flag sets (another "
                           f"version of diloco?): {'; '.join(left[:6])}")
@@ -129,7 +139,7 @@ async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
 
 
 async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collection[str],
-                           timeout_s: float = 30.0) -> NodeSettings:
+                           timeout_s: float = 30.0, task: Task | None = None) -> NodeSettings:
     """Read the run configuration of the first bootstrap peer that answers (each tried in turn until
     `timeout_s`) and return `adopted(...)` settings; the settings unchanged if none answers."""
     deadline = trio.current_time() + timeout_s
@@ -144,7 +154,7 @@ async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collect
             if not hello.run_config:
                 problems[address] = "declares no run configuration"
                 continue
-            return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}")
+            return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}", task)
         await trio.sleep(min(1.0, max(0.0, deadline - trio.current_time())))
     log.warning("could not read the run's configuration from any peer in %.0f s (%s); training with this node's own "
                 "settings: peers with other ones will refuse it (config_mismatch)", timeout_s,

@@ -18,6 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -287,9 +288,18 @@ def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, frozen
     return parser.parse_args(argv), from_file | explicit_flags(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, run the node, return the exit status (see the module docstring)."""
+CLI_MODEL_FLAGS = {"model": "--model", "overrides": "--set", "data": "--data"}
+
+
+def main(argv: Sequence[str] | None = None, task: Any = None) -> int:
+    """Parse the command line, run the node, return the exit status (see the module docstring). `task`: a
+    library user's model and data (`diloco.run`, `node.island.task.Task`); None trains the CLI's byte-level
+    model of `--model`, `--set` and `--data`."""
     args, given = parse(argv)
+    if task is not None and (flags := [flag for dest, flag in CLI_MODEL_FLAGS.items() if dest in given]):
+        print(f"diloco-node: error: {', '.join(flags)} choose the byte-level model of diloco-node; this program "
+              f"trains its own ({task.model.name})", file=sys.stderr)
+        return 2
     from node.logs import setup_logging
 
     try:
@@ -303,14 +313,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return_freed_memory()
 
-        runtime = NodeRuntime(settings_from_args(args))
+        runtime = NodeRuntime(settings_from_args(args), task=task)
         if args.adopt and runtime.settings.peers:
             from node.adopt import adopt_run_config
 
             settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, given,
-                                min(30.0, args.sync_timeout or 30.0))
+                                min(30.0, args.sync_timeout or 30.0), task)
             if settings is not runtime.settings:
-                runtime = NodeRuntime(settings, runtime.identity)
+                runtime = NodeRuntime(settings, runtime.identity, task)
         return trio.run(_serve, runtime, args.stop_timeout)
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - user errors reported, bugs re-raised
         return _report(exc)

@@ -2,7 +2,8 @@
 
 Lifecycle (`NodeRuntime.run`), one owner per step:
 
-    data        the corpus is read and split (`node.island.data`): a bad `--data` fails here, before listening
+    data        the task opens its data (`node.island.task.Task.open`; the CLI's reads and splits the corpus,
+                `node.island.data`): a bad `--data` fails here, before listening
     listening   the p2p host is up (gossip + HTTP: /status, /metrics, /state, /blobs, /chaos);
                 `task_status.started(runtime)` — the CLI prints LISTENING here
     prepare     inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
@@ -32,18 +33,17 @@ import p2p
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.chaos import ChaosRoute, Tarpit
 from node.island.config import ConfigError
-from node.island.data import Dataset
 from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
 from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
-from node.island.model import param_shapes
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
+from node.island.task import Task
 from node.island.train import InnerLoop
 from node.outer.updates import accept_hook, decode_update, update_meta
 from protocol.compression import ErrorFeedback
@@ -75,9 +75,10 @@ class Stopped:
 
 
 class NodeRuntime:
-    """One node (see the module docstring). Create, then `await nursery.start(runtime.run)`."""
+    """One node (see the module docstring). Create, then `await nursery.start(runtime.run)`. It trains `task`
+    (`node.island.task`; default: the CLI's byte-level model of `settings`, `NodeSettings.byte_lm_task`)."""
 
-    def __init__(self, settings: NodeSettings, identity: Identity | None = None) -> None:
+    def __init__(self, settings: NodeSettings, identity: Identity | None = None, task: Task | None = None) -> None:
         self.settings = settings
         if identity is None:
             try:
@@ -87,14 +88,15 @@ class NodeRuntime:
                 raise ConfigError(f"--key {settings.key_path}: {exc.strerror or exc}") from None
         self.identity = identity
         self.peer_id = self.identity.peer_id
-        self.cfg = settings.ml_config(self.peer_id)
-        self.shapes = param_shapes(self.cfg.model)
-        self.ledger_config = ledger_config(settings, self.cfg)
+        self.custom_task = task is not None
+        self.task = task if task is not None else settings.byte_lm_task()
+        self.shapes = self.task.model.shapes
+        self.ledger_config = ledger_config(settings, self.task)
         self.admission = load_admission(settings, self.peer_id)
-        self.run_config = run_configuration(settings, self.cfg, self.ledger_config.fingerprint(), self.admission.founder)
-        self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.cfg.inner.lr,
-                               max_rounds=settings.max_rounds,
-                               model=f"{settings.model}, {sum(math.prod(s) for s in self.shapes.values()):,} parameters")
+        self.run_config = run_configuration(settings, self.task, self.ledger_config.fingerprint(), self.admission.founder)
+        name = self.task.model.name if self.custom_task else settings.model
+        self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.task.model.lr,
+                               max_rounds=settings.max_rounds, model=f"{name}, {self.task.model.param_count:,} parameters")
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,
@@ -162,10 +164,8 @@ class NodeRuntime:
     # ---- the lifecycle ----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[NodeRuntime] = trio.TASK_STATUS_IGNORED) -> Stopped:
         PEER.set(self.peer_id)
-        cfg = self.cfg
         # the data first: a wrong --data is a one-line error before the node listens
-        self.dataset = await trio.to_thread.run_sync(
-            lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
+        self.batches, self.heldout = await trio.to_thread.run_sync(self.task.open, self.peer_id)
         with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs")
@@ -236,11 +236,9 @@ class NodeRuntime:
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
         its parameters, without running the initialisers), else from the seed's initial parameters."""
-        cfg = self.cfg
+        model, seed, tokens = self.task.model, self.settings.seed, self.task.tokens_per_batch
 
-        def build() -> tuple[InnerLoop, list, Ledger, LedgerSnapshot | None, Checkpoint | None]:
-            dataset = self.dataset
-            heldout = dataset.heldout_batches(self.settings.eval_batches)
+        def build() -> tuple[InnerLoop, Ledger, LedgerSnapshot | None, Checkpoint | None]:
             ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
             if ckpt is not None:
                 try:
@@ -249,19 +247,19 @@ class NodeRuntime:
                     rehomed.extend(blobs)
                     ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes, bottom=self.bottom_store)
                     params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
-                    loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher(), params=params)  # no initialiser run
+                    loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens, params=params)
                     loop.load_state_dict(ckpt.inner)
                     self.feedback.load_state_dict(ckpt.feedback)
                 except (RemoteProtocolError, LocalProtocolError) as exc:
                     log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
                     self.feedback.reset()
                 else:
-                    return loop, heldout, ledger, snap, ckpt
-            loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
-            return loop, heldout, Ledger(loop.params, self.ledger_config, bottom=self.bottom_store), None, None
+                    return loop, ledger, snap, ckpt
+            loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens)
+            return loop, Ledger(loop.params, self.ledger_config, bottom=self.bottom_store), None, None
 
         rehomed: list[tuple[int, str]] = []  # (slot, blob) of the checkpoint's payloads, for the blob clean-up
-        self.loop, self.heldout, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
+        self.loop, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
         self._track_payloads(tuple(rehomed))
         if ckpt is not None:
             self.stats.round = self.stats.resumed_round = ckpt.round
@@ -323,7 +321,7 @@ class NodeRuntime:
         if synced_slot is None:
             return
         run_step = synced_slot * self.settings.inner_steps
-        if run_step > self.loop.schedule_step:
+        if self.loop.has_schedule and run_step > self.loop.schedule_step:
             self.loop.set_schedule_step(run_step)
             log.info("joined at slot %d: learning-rate schedule moved to step %d (lr %.3g)", synced_slot, run_step,
                      self.loop.learning_rate())

@@ -14,6 +14,7 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node.island.config import Config, ConfigError, preset
 from protocol.addresses import is_wildcard_host
@@ -22,6 +23,9 @@ from protocol.compression import Codec
 from protocol.ledger import LedgerConfig
 from protocol.messages import split_addr
 from protocol.runconfig import encode_config
+
+if TYPE_CHECKING:
+    from node.island.task import Task
 
 __all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "run_configuration"]
 
@@ -145,32 +149,36 @@ class NodeSettings:
             extra["sources"] = self.data
         return cfg.with_overrides(**extra)
 
+    def byte_lm_task(self) -> Task:
+        """The CLI's task: the byte-level transformer of `--model`/`--set` on `--data` (`node.island.bytelm`);
+        each node reads the shard of its peer id."""
+        from node.island.bytelm import byte_lm_task  # JAX: not imported for `diloco-node --help`
 
-def ledger_config(settings: NodeSettings, cfg: Config) -> LedgerConfig:
+        return byte_lm_task(self.ml_config(""), self.eval_batches)
+
+
+def ledger_config(settings: NodeSettings, task: Task) -> LedgerConfig:
     """The outer optimizer's settings (`protocol.ledger.LedgerConfig`) for this node's flags and model."""
-    from node.island.model import embedding_names  # JAX: not imported for `diloco-node --help`
-
     return LedgerConfig(
         window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
-        embeddings=frozenset(embedding_names(cfg.model)), norm_clip=settings.norm_clip,
+        embeddings=task.model.embeddings, norm_clip=settings.norm_clip,
         # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
-        tokens_per_step=cfg.data.batch_size * cfg.model.seq_len, max_inner_steps=settings.inner_steps,
+        tokens_per_step=task.tokens_per_batch, max_inner_steps=settings.inner_steps,
         # AdamW moves an element by at most about the learning rate per step; honest updates measure
         # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
         # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
-        max_step_rms=0.5 * cfg.inner.lr)
+        max_step_rms=0.5 * task.model.lr)
 
 
-def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: Mapping[str, object],
+def run_configuration(settings: NodeSettings, task: Task, ledger_fingerprint: Mapping[str, object],
                       founder: str = "") -> str:
     """The run configuration this node trains with (`protocol.runconfig`): what every node of its run must
-    share — the model, the inner optimizer and schedule, tokens per step, the seed, H, the codec, the founder
-    of a closed run ("" for an open one) and the outer optimizer's ledger settings. Per-node knobs (data files
-    and shard, quorum, heartbeat, checkpoints, adaptive steps, chaos) are not part of it."""
-    fields: dict[str, object] = {f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}
-    fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(cfg.inner).items()})
-    fields.update({"data.batch_size": cfg.data.batch_size, "data.data_seed": cfg.data.data_seed,
-                   "run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
+    share — the model's run-wide fields (for the byte-level model: its architecture, the inner optimizer and
+    schedule, the batch size and data seed; `node.island.task.Model.run_fields`), the seed, H, the codec, the
+    founder of a closed run ("" for an open one) and the outer optimizer's ledger settings. Per-node knobs (data
+    files and shard, quorum, heartbeat, checkpoints, adaptive steps, chaos) are not part of it."""
+    fields: dict[str, object] = dict(task.model.run_fields())
+    fields.update({"run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
                    "run.compression": str(settings.compression), "run.founder": founder})
     fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})
     return encode_config(fields)  # type: ignore[arg-type]

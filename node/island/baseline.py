@@ -60,7 +60,7 @@ def run_baseline(config: Config, *, steps: int, shard_keys: Sequence[str], eval_
         dataset = Dataset(config.data, seq_len=config.model.seq_len, vocab_size=config.model.vocab_size)
     per_node = config.data.batch_size
     batches = MultiBatcher([dataset.batcher(key, batch_size=per_node) for key in shard_keys])
-    loop = InnerLoop(config.model, config.inner, batches, devices=devices)
+    loop = InnerLoop.byte_lm(config, batches, devices=devices)
     heldout = dataset.heldout_batches(eval_batches, per_node)
     points: list[CurvePoint] = []
     tokens = 0

@@ -1,19 +1,20 @@
 """The inner loop: local AdamW steps on one island, data-parallel over its devices.
 
-`InnerLoop` is what the node drives, one round at a time:
+`InnerLoop` trains one `node.island.task.Model` (the CLI's: `node.island.bytelm.byte_lm`); the node drives it
+one round at a time:
 
-    loop = InnerLoop(config.model, config.inner, dataset.batcher())
+    loop = InnerLoop(model, batches, seed=run_seed)
     loop.set_params(global_flat)             # start of a round: global params in, AdamW state kept
     result = loop.run(500, should_stop=...)  # blocks; run it in a worker thread
     delta = {k: global_flat[k] - result.params[k] for k in global_flat}
 
-`train_step` is pure and jitted once per loop, with parameter and optimizer buffers donated. The batch is
+`train_step` is pure and jitted once per model, with parameter and optimizer buffers donated. The batch is
 sharded over a one-axis `jax.sharding.Mesh` ("data") of the island's devices and the parameters and
 optimizer state are replicated, so XLA inserts the gradient all-reduce. The learning-rate schedule is
-driven by its own count in the optimizer state (`InnerLoop.schedule_step`), kept across rounds: the steps
-this loop did, unless a node that joined a running training moved it to the run's position
-(`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always counts this loop's
-own steps.
+driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for optimizers built on an optax
+schedule), kept across rounds: the steps this loop did, unless a node that joined a running training moved it
+to the run's position (`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always
+counts this loop's own steps.
 """
 
 from __future__ import annotations
@@ -31,24 +32,25 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from node.island.config import Config, ConfigError, InnerConfig, ModelConfig, preset
-from node.island.data import DataError, Dataset
-from node.island.evaluate import bits_per_byte, next_token_loss, summed_loss
-from node.island.model import check_flat, init_params, make_apply, param_count
+from node.island.bytelm import byte_lm, byte_lm_task
+from node.island.config import Config, ConfigError, preset
+from node.island.data import DataError
+from node.island.task import Model, flat_name
 from protocol.errors import LocalProtocolError
 
-__all__ = ["BatchSource", "InnerLoop", "RoundResult", "lr_schedule", "make_optimizer", "main"]
+__all__ = ["BatchSource", "InnerLoop", "RoundResult", "main"]
 
 
 class BatchSource(Protocol):
-    """Where `InnerLoop` takes its batches: `next_batch()` gives int32 `[batch_size, seq_len + 1]`;
-    `position` counts batches drawn and `seek(position)` resumes (see `node.island.data.Batcher`)."""
+    """Where `InnerLoop` takes its batches: `next_batch()` gives one batch (a pytree of arrays, the batch on
+    the leading axis), `example()` one of the same shapes without drawing it; `position` counts batches drawn
+    and `seek(position)` resumes (see `node.island.data.Batcher`, `node.island.task.IterableBatches`)."""
 
-    batch_size: int
-    seq_len: int
     position: int
 
-    def next_batch(self) -> np.ndarray: ...
+    def next_batch(self) -> Any: ...
+
+    def example(self) -> Any: ...
 
     def seek(self, position: int) -> None: ...
 
@@ -58,7 +60,7 @@ class RoundResult:
     """What one `InnerLoop.run` did. `params` are the local params at the end (float32 copies)."""
 
     params: dict[str, np.ndarray]
-    tokens: int  # predicted tokens processed: steps * batch_size * seq_len
+    tokens: int  # tokens (or examples) processed: steps * tokens_per_batch
     mean_loss: float  # mean training loss over the round's steps (nats); nan if no step ran
     steps: int
     seconds: float
@@ -66,33 +68,17 @@ class RoundResult:
     step: int  # inner steps this loop did in all, after the round (`InnerLoop.step`)
 
 
-def lr_schedule(cfg: InnerConfig) -> optax.Schedule:
-    """Linear warmup from 0 to `lr` over `warmup_steps`, cosine decay to `min_lr_ratio * lr` at
-    `total_steps`, then constant."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=cfg.total_steps,
-        end_value=cfg.lr * cfg.min_lr_ratio)
-
-
-def make_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on the schedule; weight decay on matrices only."""
-    return optax.chain(
-        optax.clip_by_global_norm(cfg.clip_norm),
-        optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                     mask=lambda params: {k: v.ndim >= 2 for k, v in params.items()}),
-    )
-
-
 def _is_schedule_state(node: Any) -> bool:
     return isinstance(node, optax.ScaleByScheduleState)
 
 
-def _schedule_count(opt_state: Any) -> jax.Array:
-    """The learning-rate schedule's count in `make_optimizer`'s state (not AdamW's own count)."""
+def _schedule_count(opt_state: Any) -> jax.Array | None:
+    """The learning-rate schedule's count in the optimizer state (not AdamW's own count); None when the
+    optimizer has no schedule."""
     found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=_is_schedule_state) if _is_schedule_state(s)]
-    if len(found) != 1:
-        raise TypeError(f"expected one ScaleByScheduleState in the optimizer state, found {len(found)}")
-    return found[0].count
+    if len(found) > 1:
+        raise TypeError(f"expected at most one ScaleByScheduleState in the optimizer state, found {len(found)}")
+    return found[0].count if found else None
 
 
 def _with_schedule_count(opt_state: Any, count: jax.Array) -> Any:
@@ -100,20 +86,9 @@ def _with_schedule_count(opt_state: Any, count: jax.Array) -> Any:
                                   is_leaf=_is_schedule_state)
 
 
-def _key_name(entry: Any) -> str:
-    tu = jax.tree_util
-    if isinstance(entry, (tu.DictKey, tu.FlattenedIndexKey)):
-        return str(entry.key)
-    if isinstance(entry, tu.SequenceKey):
-        return str(entry.idx)
-    if isinstance(entry, tu.GetAttrKey):
-        return entry.name
-    raise TypeError(f"unexpected pytree key {entry!r}")
-
-
 def _tree_names(tree: Any) -> tuple[list[str], list[Any], Any]:
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    names = ["/".join(_key_name(e) for e in path) for path, _ in leaves]
+    names = ["/".join(flat_name((e,)) for e in path) for path, _ in leaves]
     return names, [leaf for _, leaf in leaves], treedef
 
 
@@ -125,24 +100,35 @@ class _Steps:
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled_steps(model_cfg: ModelConfig, inner_cfg: InnerConfig, mesh: Mesh) -> _Steps:
-    """The jitted functions for one (model, optimizer, mesh): shared by every loop with those, so a
-    baseline, a node and its evaluations compile each shape once per process."""
-    apply = make_apply(model_cfg)
-    tx = make_optimizer(inner_cfg)
+def _compiled_steps(model: Model, mesh: Mesh) -> _Steps:
+    """The jitted functions for one (model, mesh): shared by every loop with those, so a baseline, a node
+    and its evaluations compile each shape once per process."""
+    tx = model.optimizer
     rep, data = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
 
-    def train_step(params, opt_state, batch_BxT1):
-        loss, grads = jax.value_and_grad(lambda p: next_token_loss(apply, p, batch_BxT1))(params)
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(model.flat_loss)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     return _Steps(
         train_step=jax.jit(train_step, donate_argnums=(0, 1), in_shardings=(rep, rep, data),
                            out_shardings=(rep, rep, rep)),
-        eval_step=jax.jit(lambda p, b: summed_loss(apply, p, b), out_shardings=rep),
+        eval_step=jax.jit(model.flat_evaluate, out_shardings=rep),
         opt_init=jax.jit(tx.init, out_shardings=rep),
     )
+
+
+def _example(batches: Any) -> Any:
+    """A batch of the source's shapes, not drawn: `example()`, or zeros for a source that only says its
+    `batch_size` and `seq_len` (token rows of `seq_len + 1`)."""
+    if hasattr(batches, "example"):
+        return batches.example()
+    return np.zeros((batches.batch_size, batches.seq_len + 1), np.int32)
+
+
+def _leading(batch: Any) -> int:
+    return int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
 
 
 class InnerLoop:
@@ -156,28 +142,34 @@ class InnerLoop:
     handed in are copied; all arrays handed out are fresh numpy copies.
     """
 
-    def __init__(self, model_cfg: ModelConfig, inner_cfg: InnerConfig, batches: BatchSource, *,
+    def __init__(self, model: Model, batches: BatchSource, *, seed: int = 0, tokens_per_batch: int | None = None,
                  params: Mapping[str, np.ndarray] | None = None,
                  devices: Sequence[jax.Device] | None = None) -> None:
-        self.model_cfg, self.inner_cfg, self.batches = model_cfg, inner_cfg, batches
+        self.model, self.batches = model, batches
+        self.tokens_per_batch = tokens_per_batch or batches.batch_size * batches.seq_len
         self.mesh = Mesh(np.asarray(list(devices or jax.local_devices())), ("data",))
         n_dev = self.mesh.devices.size
-        if batches.batch_size % n_dev:
-            raise ConfigError(f"batch size {batches.batch_size} is not divisible by the {n_dev} devices")
-        if batches.seq_len > model_cfg.seq_len:
-            raise ConfigError(f"batches of {batches.seq_len} tokens exceed the model's seq_len {model_cfg.seq_len}")
+        if (batch_size := _leading(_example(batches))) % n_dev:
+            raise ConfigError(f"batch size {batch_size} is not divisible by the {n_dev} devices")
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._by_batch = NamedSharding(self.mesh, PartitionSpec("data"))
-        self._steps = _compiled_steps(model_cfg, inner_cfg, self.mesh)
+        self._steps = _compiled_steps(model, self.mesh)
         self._train_step = self._steps.train_step
-        self._params = self._put(init_params(model_cfg, inner_cfg.init_seed) if params is None else params)
+        self._params = self._put(model.init_params(seed) if params is None else params)
         self._opt_state = self._steps.opt_init(self._params)
         self.step = 0
+
+    @classmethod
+    def byte_lm(cls, cfg: Config, batches: BatchSource, **kwargs: Any) -> InnerLoop:
+        """A loop of the CLI's byte-level model for `cfg` (`node.island.bytelm.byte_lm`), seeded by
+        `cfg.inner.init_seed`; other keyword arguments as for `InnerLoop`."""
+        model = byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed)
+        return cls(model, batches, seed=cfg.inner.init_seed, **kwargs)
 
     # -- parameters --------------------------------------------------------------------------------
 
     def _put(self, flat: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        check_flat(self.model_cfg, flat)
+        self.model.check(flat)
         # A numpy copy first: jax.device_put may alias host memory (even with may_alias=False when the
         # array came from a jax array), and donation would then let XLA write into the caller's array.
         return {k: jax.device_put(np.array(flat[k], np.float32, copy=True), self._replicated)
@@ -197,7 +189,7 @@ class InnerLoop:
     # -- training ----------------------------------------------------------------------------------
 
     def _shifted(self, moved: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        check_flat(self.model_cfg, moved)
+        self.model.check(moved)
         return {k: v + jax.device_put(np.asarray(moved[k], np.float32), self._replicated)
                 for k, v in self._params.items()}
 
@@ -209,13 +201,14 @@ class InnerLoop:
         start = time.perf_counter()
         params = jax.tree.map(lambda x: x.copy(), self._params)
         opt_state = jax.tree.map(lambda x: x.copy(), self._opt_state)
-        batch = jax.device_put(np.zeros((self.batches.batch_size, self.batches.seq_len + 1), np.int32),
-                               self._by_batch)
+        batch = jax.device_put(_example(self.batches), self._by_batch)
         jax.block_until_ready(self._train_step(params, opt_state, batch))
-        for shape in sorted({np.shape(b) for b in eval_batches}):
-            sharding = self._by_batch if shape[0] % self.mesh.devices.size == 0 else self._replicated
-            jax.block_until_ready(self._steps.eval_step(self._params, jax.device_put(np.zeros(shape, np.int32),
-                                                                                      sharding)))
+        seen = set()
+        for batch in eval_batches:
+            shapes = tuple((np.shape(x), np.asarray(x).dtype.str) for x in jax.tree_util.tree_leaves(batch))
+            if shapes not in seen:
+                seen.add(shapes)
+                jax.block_until_ready(self._steps.eval_step(self._params, self._put_batch(batch)))
         return time.perf_counter() - start
 
 
@@ -247,40 +240,57 @@ class InnerLoop:
         losses = tuple(float(x) for x in jax.device_get(pending))
         self.step += len(losses)
         params = self.params
-        return RoundResult(params=params, tokens=len(losses) * self.batches.batch_size * self.batches.seq_len,
+        return RoundResult(params=params, tokens=len(losses) * self.tokens_per_batch,
                            mean_loss=float(np.mean(losses)) if losses else float("nan"), steps=len(losses),
                            seconds=time.perf_counter() - start, losses=losses, step=self.step)
 
-    def evaluate(self, batches: Iterable[np.ndarray], params: Mapping[str, np.ndarray] | None = None) -> float:
-        """Mean held-out loss in bits per byte (bits per token for pre-tokenized data) of the current
-        params, or of `params` if given (the loop's own params are left untouched)."""
+    def _put_batch(self, batch: Any) -> Any:
+        """A held-out batch on the devices: split over them when its size allows, else replicated."""
+        sharding = self._by_batch if _leading(batch) % self.mesh.devices.size == 0 else self._replicated
+        return jax.device_put(batch, sharding)
+
+    def evaluate(self, batches: Iterable[Any], params: Mapping[str, np.ndarray] | None = None) -> float:
+        """The model's mean held-out loss (`Model.metric`: bits per byte for the byte-level model) over
+        `batches`, of the current params, or of `params` if given (the loop's own are left untouched)."""
         weights = self._params if params is None else self._put(params)
-        total, count = 0.0, 0
+        total, count = 0.0, 0.0
         for batch in batches:
-            sharding = self._by_batch if len(batch) % self.mesh.devices.size == 0 else self._replicated
-            total += float(self._steps.eval_step(weights, jax.device_put(np.asarray(batch, np.int32), sharding)))
-            count += batch.shape[0] * (batch.shape[1] - 1)
-        return bits_per_byte(total, count)
+            summed, n = self._steps.eval_step(weights, self._put_batch(batch))
+            total, count = total + float(summed), count + float(n)
+        if count <= 0:
+            raise LocalProtocolError("evaluate needs at least one held-out example")
+        return total / count
+
+    @property
+    def has_schedule(self) -> bool:
+        """Whether the optimizer keeps a learning-rate schedule's count (one built on an optax schedule)."""
+        return _schedule_count(self._opt_state) is not None
 
     @property
     def schedule_step(self) -> int:
-        """The learning-rate schedule's position: the next step uses `lr_schedule(inner_cfg)(schedule_step)`."""
-        return int(jax.device_get(_schedule_count(self._opt_state)))
+        """The learning-rate schedule's position: the next step uses `model.schedule(schedule_step)` (`step`
+        for an optimizer without a schedule)."""
+        count = _schedule_count(self._opt_state)
+        return self.step if count is None else int(jax.device_get(count))
 
     def set_schedule_step(self, step: int) -> None:
         """Move the learning-rate schedule to `step` (a node joining a running training takes the run's
         position, not 0); later steps count on from there. Only the schedule's count moves: AdamW's own
         count, which bias-corrects its moments, still counts this loop's steps (a fresh AdamW state with a
-        large count would take huge first steps), and so does `step`. Kept by `state_dict`."""
+        large count would take huge first steps), and so does `step`. Kept by `state_dict`. Nothing to move
+        for an optimizer without a schedule."""
         if not 0 <= step < 2**31:
             raise LocalProtocolError(f"schedule step must be in [0, 2**31), got {step}")
         count = _schedule_count(self._opt_state)
+        if count is None:
+            return
         moved = jax.device_put(np.asarray(step, count.dtype), self._replicated)
         self._opt_state = _with_schedule_count(self._opt_state, moved)
 
     def learning_rate(self) -> float:
         """The inner learning rate the next step will use."""
-        return float(lr_schedule(self.inner_cfg)(self.schedule_step))
+        schedule = self.model.schedule
+        return self.model.lr if schedule is None else float(schedule(self.schedule_step))
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -363,7 +373,7 @@ def bench(loop: InnerLoop, steps: int, repeats: int = 8) -> None:
         for measure in (ours, bare) if i % 2 == 0 else (bare, ours):
             measure()
     ours, bare = float(np.median(loop_rates)), float(np.median(bare_rates))
-    tokens = loop.batches.batch_size * loop.batches.seq_len
+    tokens = loop.tokens_per_batch
     print(f"InnerLoop.run {ours:.1f} steps/s ({ours * tokens:,.0f} tok/s) | bare jitted step {bare:.1f} steps/s "
           f"| ratio {ours / bare:.3f} (median of {repeats} x {steps} steps)", flush=True)
 
@@ -377,18 +387,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         horizon_given = any(o.partition("=")[0].strip().endswith("total_steps") for o in args.overrides)
         if not horizon_given and args.steps > cfg.inner.warmup_steps:  # decay over this run unless told
             cfg = cfg.with_overrides(total_steps=args.steps)
-        dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
-        loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
+        task = byte_lm_task(cfg, args.eval_batches)
+        batches, heldout = task.open(cfg.data.shard_key)
+        loop = InnerLoop(task.model, batches, seed=cfg.inner.init_seed, tokens_per_batch=task.tokens_per_batch)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"model {args.model}: {param_count(cfg.model):,} params, {loop.mesh.devices.size} {jax.default_backend()} "
+    print(f"model {args.model}: {task.model.param_count:,} params, {loop.mesh.devices.size} {jax.default_backend()} "
           f"device(s), batch {cfg.data.batch_size} x {cfg.model.seq_len}; train shard {len(loop.batches.stream):,}"
-          f" tokens, held-out {len(dataset.heldout):,} tokens", flush=True)
+          f" tokens", flush=True)
     if args.bench:
         bench(loop, args.steps)
         return 0
-    heldout = dataset.heldout_batches(args.eval_batches)
     print(f"step {0:6d} | held-out {loop.evaluate(heldout):.3f} bpb", flush=True)
     first = loop.run(1)
     print(f"step {first.step:6d} | loss {first.mean_loss:.3f} | first step (compiles) {first.seconds:.1f} s",

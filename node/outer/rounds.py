@@ -180,7 +180,7 @@ class Rounds:
         acts = settings.misbehave in Misbehave.MODES
         self.misbehave = Misbehave(settings.misbehave, host, shapes) if acts else None
         self.poison = Poison(settings.misbehave.removeprefix("poison:"), shapes,
-                             loop.batches.batch_size * loop.batches.seq_len, settings.inner_steps) if poisoning else None
+                             loop.tokens_per_batch, settings.inner_steps) if poisoning else None
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
@@ -392,7 +392,8 @@ class Rounds:
         return spent + self._eval_s <= self.settings.eval_budget * wall
 
     async def evaluate(self) -> float:
-        """Held-out bits per byte of the global parameters; recorded in the stats."""
+        """Held-out loss of the global parameters (the model's metric: bits per byte for the byte-level
+        model); recorded in the stats."""
         started = time.perf_counter()
         with self.stats.timed("evaluate"):
             params = await self.replica.params()
@@ -401,7 +402,8 @@ class Rounds:
         if math.isfinite(bpb):
             self.stats.eval_loss = bpb
             self.stats.eval_history.append([self.stats.tokens, time.time(), bpb])
-        log.info("held-out %.4f bits/byte at slot %d (round %d)", bpb, self.replica.slot, self.stats.round)
+        log.info("held-out %.4f %s at slot %d (round %d)", bpb, self.loop.model.metric, self.replica.slot,
+                 self.stats.round)
         return bpb
 
     def checkpoint_due(self) -> bool:

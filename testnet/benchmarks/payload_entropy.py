@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = preset("tiny")
     dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
-    loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher("payload-entropy"))
+    loop = InnerLoop.byte_lm(cfg, dataset.batcher("payload-entropy"))
     feedback = ErrorFeedback(Codec.INT4)
     params = sum(int(np.prod(x.shape)) for x in loop.params.values())
     best = 1.0

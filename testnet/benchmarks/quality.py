@@ -81,7 +81,7 @@ class Simulation:
                                   embeddings=frozenset(embedding_names(self.cfg.model)))
         self.learners = []
         for i in range(workers):
-            loop = InnerLoop(self.cfg.model, self.cfg.inner, self.dataset.batcher(f"worker-{i}"))
+            loop = InnerLoop.byte_lm(self.cfg, self.dataset.batcher(f"worker-{i}"))
             ledger = Ledger(loop.params, ledger_cfg)
             self.learners.append(Learner(i, loop, ledger, ErrorFeedback(codec), base=ledger.params()))
         self.hold = {"sync": None, "wait-1": 1, "wait-5": 5, "eager": hold or inner_steps // 2}[mode]

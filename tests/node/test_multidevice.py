@@ -22,7 +22,7 @@ ds = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_siz
 heldout = ds.heldout_batches(2)
 runs = {}
 for n in (1, 2):
-    loop = InnerLoop(cfg.model, cfg.inner, ds.batcher("peer-a"), devices=jax.devices()[:n])
+    loop = InnerLoop.byte_lm(cfg, ds.batcher("peer-a"), devices=jax.devices()[:n])
     result = loop.run(5)
     batch = jax.device_put(ds.batcher("peer-a").next_batch(), loop._by_batch)
     runs[n] = dict(losses=result.losses, params=result.params, bpb=loop.evaluate(heldout),

@@ -28,8 +28,8 @@ def test_moves_posted_before_a_take_add_up(config):
 
 def test_a_move_before_the_first_step_equals_starting_from_the_moved_base(config, dataset):
     base, moved_to = _params(config, 1), _params(config, 2)
-    followed = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))
-    direct = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))  # same batches
+    followed = InnerLoop.byte_lm(config, dataset.batcher("peer-a"))
+    direct = InnerLoop.byte_lm(config, dataset.batcher("peer-a"))  # same batches
     shift = BaseShift(base, base_slot=0)
     shift.post(moved_to, slot=1)
     followed.set_params(base)
@@ -45,7 +45,7 @@ def test_the_delta_against_the_moved_base_is_the_rounds_own_progress(config, dat
     """A move in the middle of a round changes the parameters the later steps see, not what Δ measures:
     Δ = moved base − local = −(sum of the round's own inner updates), finite and of a round's size."""
     base, moved_to = _params(config, 1), _params(config, 2)
-    loop = InnerLoop(config.model, config.inner, dataset.batcher("peer-b"))
+    loop = InnerLoop.byte_lm(config, dataset.batcher("peer-b"))
     shift = BaseShift(base, base_slot=0)
     calls = []
 

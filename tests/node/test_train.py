@@ -7,17 +7,18 @@ import pytest
 
 from node.island.baseline import run_baseline, worker_keys
 from node.island.model import init_params
-from node.island.train import InnerLoop, lr_schedule
+from node.island.bytelm import lr_schedule
+from node.island.train import InnerLoop
 from protocol.errors import LocalProtocolError
 
 
 @pytest.fixture(scope="module")
 def loop(config, dataset):
-    return InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))
+    return InnerLoop.byte_lm(config, dataset.batcher("peer-a"))
 
 
 def test_loss_falls_on_the_embedded_corpus(config, dataset):
-    loop = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"))
+    loop = InnerLoop.byte_lm(config, dataset.batcher("peer-a"))
     heldout = dataset.heldout_batches(4)
     before = loop.evaluate(heldout)
     result = loop.run(80)
@@ -78,7 +79,7 @@ def test_state_dict_round_trip_continues_identically(loop, config, dataset):
     assert state["step"] == loop.step and state["data_position"] == loop.batches.position
     assert any(k.startswith("opt/") and "mu" in k for k in state)
     expected = loop.run(4)
-    other = InnerLoop(config.model, config.inner, dataset.batcher("peer-a"),
+    other = InnerLoop.byte_lm(config, dataset.batcher("peer-a"),
                       params=init_params(config.model, seed=99))
     other.load_state_dict(state)
     got = other.run(4)
@@ -102,10 +103,10 @@ def adam_count(loop: InnerLoop) -> int:
 
 def test_set_schedule_step_moves_the_learning_rate_only(config, dataset):
     schedule = lr_schedule(config.inner)
-    moved = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    moved = InnerLoop.byte_lm(config, dataset.batcher("peer-join"))
     moved.run(2)
     compiled = moved._train_step._cache_size()
-    reference = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    reference = InnerLoop.byte_lm(config, dataset.batcher("peer-join"))
     reference.load_state_dict(moved.state_dict())  # same params, AdamW state and data position
     moved.set_schedule_step(400)
     assert (moved.schedule_step, moved.step, adam_count(moved)) == (400, 2, 2)
@@ -121,7 +122,7 @@ def test_set_schedule_step_moves_the_learning_rate_only(config, dataset):
     assert (moved.schedule_step, moved.step, adam_count(moved)) == (401, 3, 3)
     assert moved.learning_rate() == pytest.approx(float(schedule(401)))
     assert moved._train_step._cache_size() == compiled  # the moved count is an input like any other
-    restored = InnerLoop(config.model, config.inner, dataset.batcher("peer-join"))
+    restored = InnerLoop.byte_lm(config, dataset.batcher("peer-join"))
     restored.load_state_dict(moved.state_dict())
     assert (restored.schedule_step, restored.step) == (401, 3)
     with pytest.raises(LocalProtocolError, match="schedule step"):
@@ -175,7 +176,7 @@ def test_run_works_from_a_worker_thread(loop):
 
 
 def test_warm_up_compiles_without_changing_the_state(config, dataset):
-    loop = InnerLoop(config.model, config.inner, dataset.batcher("peer-warm"))
+    loop = InnerLoop.byte_lm(config, dataset.batcher("peer-warm"))
     before = loop.state_dict()
     assert loop.warm_up(dataset.heldout_batches(2)) > 0
     after = loop.state_dict()

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +51,16 @@ def node_env(cache_dir: Path) -> dict[str, str]:
 
 
 class NodeProc:
-    """One `python -m node.cli` process with its own key and checkpoint directory under `home`."""
+    """One `python -m node.cli` process (or another program that runs a node: `program`) with its own key and
+    checkpoint directory under `home`."""
 
     def __init__(self, home: Path, env: dict[str, str], args: list[str], *, exec_prefix: tuple[str, ...] = (),
-                 listen: tuple[str, str] = ("127.0.0.1:0", "127.0.0.1:0")) -> None:
+                 listen: tuple[str, str] = ("127.0.0.1:0", "127.0.0.1:0"),
+                 program: tuple[str, ...] = ("-m", "node.cli"), model_args: Sequence[str] = SMALL_MODEL) -> None:
         """`exec_prefix` runs the node under another command (e.g. `ip netns exec NS`); `listen` is its
-        (--listen, --http) pair."""
+        (--listen, --http) pair; `program` the Python arguments that run the node (e.g. an example's path),
+        `model_args` the flags that choose its model."""
+        self.program, self.model_args = program, model_args
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.args = args
@@ -74,9 +78,9 @@ class NodeProc:
 
     def start(self) -> None:
         """(Re)start the process with the same key and checkpoint directory."""
-        cmd = [*self.exec_prefix, sys.executable, "-m", "node.cli", "--run-id", RUN_ID, "--key",
+        cmd = [*self.exec_prefix, sys.executable, *self.program, "--run-id", RUN_ID, "--key",
                str(self.home / "key"), "--checkpoint-dir", str(self.home / "ckpt"), "--listen", self.listen[0],
-               "--http", self.listen[1], *SMALL_MODEL, *self.args]
+               "--http", self.listen[1], *self.model_args, *self.args]
         self._lines: queue.Queue[str | None] = queue.Queue()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,

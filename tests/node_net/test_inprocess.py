@@ -15,7 +15,7 @@ import trio
 from node.island.data import Dataset
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
-from node.island.train import InnerLoop, lr_schedule
+from node.island.train import InnerLoop
 from protocol.ledger import Ledger, LedgerSnapshot
 from waiting import wait_for
 
@@ -38,7 +38,7 @@ def compile_once(settings: NodeSettings) -> None:
     process's jit caches; four threads compiling the same functions at once is slow)."""
     cfg = settings.ml_config("warm-up")
     dataset = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
-    loop = InnerLoop(cfg.model, cfg.inner, dataset.batcher())
+    loop = InnerLoop.byte_lm(cfg, dataset.batcher())
     loop.run(1)
     loop.evaluate(dataset.heldout_batches(settings.eval_batches))
 
@@ -81,7 +81,7 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
     assert joiner.stats.sync is not None and joiner.stats.sync["slot"] >= 1, "the joiner synced a mid-run state"
     run_step, loop = joiner.stats.sync["slot"] * joiner.settings.inner_steps, joiner.loop
     assert loop.schedule_step == run_step + loop.step, "the schedule went on from slot x H, not from 0"
-    assert loop.learning_rate() == float(lr_schedule(joiner.cfg.inner)(loop.schedule_step))
+    assert loop.learning_rate() == float(joiner.task.model.schedule(loop.schedule_step))
     results = {node.peer_id: node.result for node in [a, *others]}
     assert all(r is not None and r.reason == "max-rounds reached" for r in results.values())
     # The bad-updates node is graylisted by the honest ones (no gossip to it, not waited for at the end);
