@@ -221,7 +221,7 @@ def main() -> None:
     assert ours_b58decode(text) == b58decode(text) == raw
     print(f"base58 (package {base58.__version__}), a 38-byte peer id:")
     print(line("encode", best_us(lambda: ours_b58encode(raw), 5000, r), best_us(lambda: b58encode(raw), 5000, r)))
-    print(line("decode (ours: with the alphabet screen)", best_us(lambda: ours_b58decode(text), 5000, r),
+    print(line("decode (library: after our alphabet screen)", best_us(lambda: ours_b58decode(text), 5000, r),
                best_us(lambda: b58decode(text), 5000, r)))
 
     ids = [os.urandom(32) for _ in range(300_000)]
