@@ -20,6 +20,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+import base58
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
@@ -34,32 +35,21 @@ PEER_ID_LENGTH = 52  # characters of base58btc for every Ed25519 peer id
 KEY_FILE_BYTES = len(PRIVATE_KEY_PREFIX) + 64  # 68
 SIGNATURE_BYTES = 64
 
-_B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-_B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
+_B58_ALPHABET = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 
 
 def b58encode(data: bytes) -> str:
     """Bitcoin-alphabet base58 (multibase 'base58btc' without the 'z' prefix). Leading zero bytes → '1'."""
-    zeros = len(data) - len(data.lstrip(b"\0"))
-    n = int.from_bytes(data, "big")
-    digits = []
-    while n:
-        n, r = divmod(n, 58)
-        digits.append(_B58_ALPHABET[r])
-    return "1" * zeros + "".join(reversed(digits))
+    return base58.b58encode(data).decode("ascii")
 
 
 def b58decode(text: str) -> bytes:
-    """Inverse of `b58encode`. Raises ValueError on a character outside the alphabet."""
-    zeros = len(text) - len(text.lstrip("1"))
-    n = 0
-    for c in text:
-        digit = _B58_INDEX.get(c)
-        if digit is None:
-            raise ValueError(f"not a base58 character: {c!r}")
-        n = n * 58 + digit
-    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
-    return b"\0" * zeros + body
+    """Inverse of `b58encode`. Raises ValueError on any character outside the alphabet, whitespace
+    included (the `base58` package would strip trailing whitespace: a peer id has exactly one spelling)."""
+    bad = next((c for c in text if c not in _B58_ALPHABET), None)
+    if bad is not None:
+        raise ValueError(f"not a base58 character: {bad!r}")
+    return base58.b58decode(text)
 
 
 def peer_id_from_public_key(public_key: bytes) -> str:

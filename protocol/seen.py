@@ -15,8 +15,11 @@ never heard of an origin can still refuse a message captured long ago. Nodes nee
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from cachetools import TTLCache
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 
@@ -26,6 +29,10 @@ MICROS = 1_000_000
 class SeenCache:
     """Message ids seen in the last `ttl_s` seconds, at most `max_entries` (oldest forgotten first).
 
+    A `cachetools.TTLCache` whose timer is the `now` of the current call, never a clock of its own: an
+    id expires once `now >= added + ttl_s`; when full, the id added (or re-added) longest ago goes
+    (lookups with `contains` do not refresh an id).
+
     Contract: `now` must not go backwards between calls (ids expire in insertion order)."""
 
     def __init__(self, ttl_s: float = 120.0, max_entries: int = 200_000) -> None:
@@ -33,28 +40,26 @@ class SeenCache:
             raise LocalProtocolError("ttl_s and max_entries must be positive")
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._expiry: OrderedDict[bytes, float] = OrderedDict()
+        self._now = -math.inf  # the `now` of the call in progress: the TTLCache's only clock
+        self._ids: TTLCache[bytes, None] = TTLCache(max_entries, ttl_s, timer=self._time)
+
+    def _time(self) -> float:
+        return self._now
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return len(self._ids)
 
     def contains(self, message_id: bytes, now: float) -> bool:
         self.expire(now)
-        return message_id in self._expiry
+        return message_id in self._ids
 
     def add(self, message_id: bytes, now: float) -> None:
-        self.expire(now)
-        self._expiry.pop(message_id, None)
-        self._expiry[message_id] = now + self.ttl_s
-        while len(self._expiry) > self.max_entries:
-            self._expiry.popitem(last=False)
+        self._now = now
+        self._ids[message_id] = None  # expires what is due, then evicts the oldest if full
 
     def expire(self, now: float) -> None:
-        while self._expiry:
-            message_id, expiry = next(iter(self._expiry.items()))
-            if expiry > now:
-                return
-            del self._expiry[message_id]
+        self._now = now
+        self._ids.expire(now)
 
 
 @dataclass

@@ -54,6 +54,12 @@ def test_base58_vectors(raw, text):
     assert b58decode(text) == raw
 
 
+@pytest.mark.parametrize("text", ["2g ", " 2g", "2g\n", "0", "O", "I", "l", "2g\u00e9"])
+def test_base58_refuses_characters_outside_the_alphabet_whitespace_included(text):
+    with pytest.raises(ValueError, match="not a base58 character"):
+        b58decode(text)
+
+
 @given(st.binary(max_size=64))
 def test_base58_round_trip(raw):
     assert b58decode(b58encode(raw)) == raw
@@ -78,6 +84,7 @@ def test_peer_id_round_trip_and_shape(public):
         "12D3KooW",
         LIBP2P_PEER_ID[:-1] + "0",  # '0' is not base58
         LIBP2P_PEER_ID + "1",
+        LIBP2P_PEER_ID[:-1] + " ",  # trailing whitespace is not another spelling of a peer id
         "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N",  # sha256-multihash (RSA-style) peer id
         b58encode(bytes.fromhex("0024080212") + bytes(33)),  # identity multihash of a secp256k1 key
         2,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import Reason, RemoteProtocolError
@@ -20,6 +20,26 @@ def test_seen_cache_expires_and_is_bounded():
     for i, key in enumerate([b"b", b"c", b"d", b"e"]):
         cache.add(key, NOW + 20 + i)
     assert len(cache) == 3 and not cache.contains(b"b", NOW + 24)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.sampled_from([0.0, 0.0, 1.0, 5.0])), max_size=40))
+def test_seen_cache_matches_a_bounded_insertion_ordered_model(ops):
+    """Any mix of adds and lookups at non-decreasing times: an id is seen iff it was (re-)added less
+    than ttl_s ago and fewer than max_entries other ids were (re-)added since."""
+    cache, model, now = SeenCache(ttl_s=5, max_entries=2), {}, NOW  # model: id -> expiry, oldest first
+    for is_add, key, step in ops:
+        now += step
+        message_id = bytes([key])
+        if is_add:
+            cache.add(message_id, now)
+            model.pop(message_id, None)
+            model[message_id] = now + 5
+            while len(model) > 2:
+                del model[next(iter(model))]
+        else:
+            assert cache.contains(message_id, now) == (model.get(message_id, now) > now)
+        assert len(cache) <= 2
 
 
 def test_replay_window_refuses_seen_and_old_seqnos():
