@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from node.island.config import Config, ConfigError, preset
+from node.island.data import resolve_vocab
+from node.island.tokens import tokenizer_hash
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
 from protocol.compression import Codec
@@ -143,7 +145,7 @@ class NodeSettings:
         extra: dict[str, object] = {"init_seed": self.seed, "data_seed": self.seed, "shard_key": shard_key}
         if self.data:
             extra["sources"] = self.data
-        return cfg.with_overrides(**extra)
+        return resolve_vocab(cfg.with_overrides(**extra), self.overrides)  # vocab_size from the data
 
 
 def ledger_config(settings: NodeSettings, cfg: Config) -> LedgerConfig:
@@ -171,7 +173,8 @@ def run_configuration(settings: NodeSettings, cfg: Config, ledger_fingerprint: M
     fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(cfg.inner).items()})
     fields.update({"data.batch_size": cfg.data.batch_size, "data.data_seed": cfg.data.data_seed,
                    "run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
-                   "run.compression": str(settings.compression), "run.founder": founder})
+                   "run.compression": str(settings.compression), "run.founder": founder,
+                   "data.tokenizer": tokenizer_hash(cfg.data.tokenizer)})  # its content, not its path
     fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})
     return encode_config(fields)  # type: ignore[arg-type]
 

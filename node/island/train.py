@@ -32,7 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from node.island.config import Config, ConfigError, InnerConfig, ModelConfig, preset
-from node.island.data import DataError, Dataset
+from node.island.data import DataError, Dataset, HeldOut
 from node.island.evaluate import bits_per_byte, next_token_loss, summed_loss
 from node.island.model import check_flat, init_params, make_apply, param_count
 from protocol.errors import LocalProtocolError
@@ -253,14 +253,16 @@ class InnerLoop:
 
     def evaluate(self, batches: Iterable[np.ndarray], params: Mapping[str, np.ndarray] | None = None) -> float:
         """Mean held-out loss in bits per byte (bits per token for pre-tokenized data) of the current
-        params, or of `params` if given (the loop's own params are left untouched)."""
+        params, or of `params` if given (the loop's own params are left untouched). For text encoded
+        with a tokenizer the summed loss is divided by the bytes of text predicted (`HeldOut.n_bytes`)."""
         weights = self._params if params is None else self._put(params)
         total, count = 0.0, 0
         for batch in batches:
             sharding = self._by_batch if len(batch) % self.mesh.devices.size == 0 else self._replicated
             total += float(self._steps.eval_step(weights, jax.device_put(np.asarray(batch, np.int32), sharding)))
             count += batch.shape[0] * (batch.shape[1] - 1)
-        return bits_per_byte(total, count)
+        n_bytes = batches.n_bytes if isinstance(batches, HeldOut) else None  # tokenized text: per byte
+        return bits_per_byte(total, count if n_bytes is None else n_bytes)
 
     @property
     def schedule_step(self) -> int:
