@@ -241,6 +241,8 @@ def data_vocab(cfg: DataConfig) -> tuple[int, str]:
     if not files:
         return 256, "one token per byte of text"
     (vocab, how), path = max((file_vocab(path), path) for path in files)
+    if not vocab:
+        raise DataError(f"every token file is empty (sources: {', '.join(cfg.sources)})")
     return vocab, f"the {how} vocabulary of {path}" + (f", the largest of {len(files)} files" if len(files) > 1 else "")
 
 

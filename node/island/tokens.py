@@ -112,7 +112,8 @@ def open_tokens(path: str) -> np.ndarray:
 
 def file_vocab(path: str) -> tuple[int, str]:
     """(vocabulary, how it is known) of token file `path`: its sidecar's `vocab_size`, else inferred as
-    `max(token) + 1` ("inferred": logged once). Raises `DataError` for a negative token id."""
+    `max(token) + 1` ("inferred": logged once; 0 for an empty file). Raises `DataError` for a negative
+    token id or an unreadable file."""
     side = read_sidecar(path)
     if side is not None:
         return side.vocab_size, "sidecar"
@@ -129,6 +130,8 @@ def _inferred_vocab(path: str, size: int, mtime_ns: int) -> int:
         low, high = min(low, int(chunk.min())), max(high, int(chunk.max()))
     if low < 0:
         raise DataError(f"{path!r} holds the negative token id {low}")
+    if not len(tokens):
+        return 0
     log.info("%s has no sidecar %s: vocabulary inferred as max(token)+1 = %d from %d tokens", path,
              os.path.basename(sidecar_path(path)), high + 1, len(tokens))
     return high + 1

@@ -14,7 +14,7 @@ import node.island.tokens as tokens_module
 from node.adopt import adopted, own_run_config
 from node.island.config import ConfigError, DataConfig
 from node.island.data import Dataset, DataError, HeldOut, data_vocab, load_corpus
-from node.island.tokens import encode_text, file_vocab, load_tokenizer, tokenizer_hash, train_tokenizer, write_tokens
+from node.island.tokens import encode_text, file_vocab, load_tokenizer, tokenizer_hash, write_tokens
 from node.settings import NodeSettings
 from node.tokenizer import main as tokenizer_main
 from protocol.runconfig import config_differences
@@ -67,7 +67,8 @@ def test_sidecar_gives_vocab_and_dtype_and_is_not_read_as_data(tmp_path):
     [doc] = load_corpus([str(tmp_path)])  # the folder: tokens.json is the sidecar, not text to mix in
     assert doc.name == "tokens.bin" and doc.tokens.dtype == np.dtype("<u4")
     np.testing.assert_array_equal(doc.tokens, ids)
-    assert data_vocab(DataConfig(sources=(str(tmp_path),))) == (70_000, f"the sidecar vocabulary of {tmp_path}/tokens.bin")
+    vocab, source = data_vocab(DataConfig(sources=(str(tmp_path),)))
+    assert vocab == 70_000 and source == f"the sidecar vocabulary of {tmp_path}/tokens.bin"
     assert settings(data=(str(tmp_path / "tokens.bin"),)).ml_config("p").model.vocab_size == 70_000
 
 
@@ -112,6 +113,9 @@ def test_bad_sidecars_are_data_errors(tmp_path):
     (tmp_path / "v.json").write_text('{"vocab_size": 100, "dtype": "uint32"}')
     with pytest.raises(DataError, match="not a whole number of uint32 tokens"):
         load_corpus([str(tmp_path / "v.bin")])
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(DataError, match="every token file is empty"):
+        settings(data=(str(tmp_path / "empty.bin"),)).ml_config("p")
 
 
 # ---- a tokenizer for text ------------------------------------------------------------------------
@@ -173,7 +177,9 @@ def test_cli_info_and_encode_write_a_token_file_the_node_reads(tmp_path, text_di
     assert settings(data=(out,)).ml_config("p").model.vocab_size == 400
     assert tokenizer_main(["train", "--data", out, "--vocab-size", "300", "--out", str(tmp_path / "x.json")]) == 2
     assert "pre-tokenized" in capsys.readouterr().err
-    assert tokenizer_main(["train", "--data", str(text_dir), "--vocab-size", "100", "--out", "x.json"]) == 2
+    too_small = ["train", "--data", str(text_dir), "--vocab-size", "100", "--out", str(tmp_path / "y.json")]
+    assert tokenizer_main(too_small) == 2
+    assert "vocab_size >= 256" in capsys.readouterr().err and not (tmp_path / "y.json").exists()
 
 
 def test_a_tiny_model_trains_on_tokenized_text_and_reports_bits_per_byte(config, text_dir, tokenizer_file):
@@ -181,8 +187,8 @@ def test_a_tiny_model_trains_on_tokenized_text_and_reports_bits_per_byte(config,
 
     node = settings(data=(str(text_dir),), overrides=(f"tokenizer={tokenizer_file}",))
     vocab = node.ml_config("p").model.vocab_size
-    cfg = config.with_overrides(vocab_size=vocab, sources=(str(text_dir),), tokenizer=tokenizer_file, split_unit_tokens=64,
-                 heldout_fraction=0.25, batch_size=4, lr=3e-3)
+    cfg = config.with_overrides(vocab_size=vocab, sources=(str(text_dir),), tokenizer=tokenizer_file,
+                                split_unit_tokens=64, heldout_fraction=0.25, batch_size=4, lr=3e-3)
     ds = Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
     heldout = ds.heldout_batches(2)
     loop = InnerLoop(cfg.model, cfg.inner, ds.batcher("peer-a"))
