@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         print(args.run(args), flush=True)
-    except (DataError, ValueError, OSError) as exc:
+    except (DataError, ValueError, OSError) as exc:  # ConfigError is a ValueError
         print(f"diloco-tokenizer {args.command}: {exc}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from node.island.config import ConfigError
+
 if TYPE_CHECKING:  # the tokenizers library is imported only when a tokenizer is used
     from tokenizers import Tokenizer
 
@@ -159,18 +161,19 @@ def write_tokens(path: str, tokens: np.ndarray, vocab_size: int, **extra: object
 
 
 def tokenizer_hash(path: str) -> str:
-    """Hex SHA-256 of the tokenizer file's bytes ("" for no tokenizer): what peers compare."""
+    """Hex SHA-256 of the tokenizer file's bytes ("" for no tokenizer): what peers compare. Raises
+    ConfigError (the file is a `--set tokenizer=` setting) if it cannot be read."""
     if not path:
         return ""
     try:
         with open(path, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
     except OSError as e:
-        raise DataError(f"cannot read the tokenizer {path!r}: {e.strerror or e}") from None
+        raise ConfigError(f"tokenizer={path}: cannot read it: {e.strerror or e}") from None
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-    """The tokenizer in `path` (a `tokenizers` JSON file), loaded once per content. Raises `DataError`."""
+    """The tokenizer in `path` (a `tokenizers` JSON file), loaded once per content. Raises ConfigError."""
     return _load(path, tokenizer_hash(path))
 
 
@@ -181,7 +184,7 @@ def _load(path: str, digest: str) -> Tokenizer:
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # the library raises a bare Exception for a malformed file
-        raise DataError(f"{path!r} is not a tokenizers JSON file: {e}") from None
+        raise ConfigError(f"tokenizer={path}: not a tokenizers JSON file: {e}") from None
 
 
 def _pieces(text: str) -> list[str]:

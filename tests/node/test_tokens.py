@@ -144,8 +144,10 @@ def test_tokenizer_in_the_config_encodes_text_and_sets_the_vocab(text_dir, token
     assert plain.heldout_batches(2).n_bytes is None  # bytes: one per token
     with pytest.raises(ConfigError, match="too small for the data, which needs 400"):
         settings(data=(str(text_dir),), overrides=(f"tokenizer={tokenizer_file}", "vocab_size=256")).ml_config("p")
-    with pytest.raises(DataError, match="is not a tokenizers JSON file"):
+    with pytest.raises(ConfigError, match="tokenizer=.*doc00.txt: not a tokenizers JSON file"):
         settings(overrides=(f"tokenizer={text_dir / 'doc00.txt'}",)).ml_config("p")
+    with pytest.raises(ConfigError, match="tokenizer=missing.json: cannot read it"):
+        settings(overrides=("tokenizer=missing.json",)).ml_config("p")
 
 
 def test_peers_compare_the_tokenizers_content_not_its_path(tmp_path, tokenizer_file, text_dir):
