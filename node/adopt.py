@@ -95,6 +95,10 @@ def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collectio
         if name == "run.founder":
             what = f"closed by founder {value}: join it with --membership FILE" if value else "open: drop --closed/--membership"
             conflicts.append(f"the run is {what}")
+        elif name == "data.tokenizer":  # a file's hash: only the user can give the file
+            conflicts.append(f"the run encodes text with the tokenizer of sha256 {value}: give that file with --set "
+                             "tokenizer=FILE (diloco-tokenizer info FILE prints its hash)" if value else
+                             "the run reads text as bytes: drop --set tokenizer")
         elif name in _BY_FLAG:
             field, flag = _BY_FLAG[name]
             if field in pinned:

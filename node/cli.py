@@ -98,11 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="gossip heartbeat interval; a peer silent for 5 heartbeats is gone (default %(default)s)")
     train = p.add_argument_group("training")
     train.add_argument("--data", type=_csv, default=(), metavar="PATH|DIR|GLOB[,...]",
-                       help="text or pre-tokenized .npy/.bin sources (default: the embedded Python stdlib corpus)")
+                       help="text files, folders or globs (read as bytes, or encoded with --set tokenizer=FILE), or "
+                            "pre-tokenized .npy/.bin files, each optionally with a NAME.json sidecar giving vocab_size "
+                            "and dtype (docs/data.md) (default: the embedded Python stdlib corpus)")
     train.add_argument("--model", default="tiny", metavar="PRESET",
                        help="model preset: tiny, small, base, large (default %(default)s)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="config override, repeatable, e.g. --set batch_size=8 --set inner.lr=1e-3")
+                       help="config override, repeatable, e.g. --set batch_size=8 --set inner.lr=1e-3; --set "
+                            "tokenizer=tokenizer.json encodes text with a tokenizers file (diloco-tokenizer train makes "
+                            "one; every node needs the same file); vocab_size defaults to the data's")
     train.add_argument("--inner-steps", type=int, default=50, metavar="H",
                        help="inner optimizer steps per round (default %(default)s)")
     train.add_argument("--adaptive-steps", action=argparse.BooleanOptionalAction, default=True,

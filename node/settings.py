@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node.island.config import Config, ConfigError, preset
+from node.island.data import resolve_vocab
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
 from protocol.compression import Codec
@@ -147,7 +148,7 @@ class NodeSettings:
         extra: dict[str, object] = {"init_seed": self.seed, "data_seed": self.seed, "shard_key": shard_key}
         if self.data:
             extra["sources"] = self.data
-        return cfg.with_overrides(**extra)
+        return resolve_vocab(cfg.with_overrides(**extra), self.overrides)  # vocab_size from the data
 
     def byte_lm_task(self) -> Task:
         """The CLI's task: the byte-level transformer of `--model`/`--set` on `--data` (`node.island.bytelm`);

@@ -3,7 +3,8 @@ embedded corpus or the user's files (`node.island.data`), as a `node.island.task
 
 `byte_lm(model_cfg, inner_cfg)` is the model (one object per pair of configs, so every loop of a process
 compiles its steps once); its held-out metric is bits per byte (bits per token for pre-tokenized data), and
-its run-wide fields are the configs' (`model.*`, `inner.*`, `data.batch_size`, `data.data_seed`).
+its run-wide fields are the configs' (`model.*`, `inner.*`, `data.batch_size`, `data.data_seed`) and the
+tokenizer's content hash (`data.tokenizer`, "" for bytes).
 `byte_lm_task(cfg, eval_batches)` adds the data: each node trains on its shard of the train split (keyed by
 its peer id) and evaluates on the first `eval_batches` held-out batches.
 """
@@ -22,6 +23,7 @@ from node.island.config import Config, InnerConfig, ModelConfig
 from node.island.data import Dataset
 from node.island.model import Transformer, embedding_names
 from node.island.task import Model, Task, default_optimizer
+from node.island.tokens import tokenizer_hash
 
 __all__ = ["byte_lm", "byte_lm_task", "lr_schedule", "make_optimizer"]
 
@@ -61,12 +63,14 @@ def _summed_bits(module: Transformer, batch_BxT1: jax.Array) -> tuple[jax.Array,
 
 
 @functools.lru_cache(maxsize=8)
-def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8, data_seed: int = 0) -> Model:
-    """The byte-level transformer for these configs (the same object for equal arguments)."""
+def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8, data_seed: int = 0,
+            tokenizer: str = "") -> Model:
+    """The byte-level transformer for these configs (the same object for equal arguments). `tokenizer`: the
+    SHA-256 of the tokenizer file text is encoded with ("" for bytes), which peers must share."""
     tx, schedule = _optimizer(inner_cfg)
     fields: dict[str, object] = {f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}
     fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(inner_cfg).items()})
-    fields.update({"data.batch_size": batch_size, "data.data_seed": data_seed})
+    fields.update({"data.batch_size": batch_size, "data.data_seed": data_seed, "data.tokenizer": tokenizer})
     return Model.from_nnx("byte-lm", lambda rngs: Transformer(model_cfg, rngs=rngs), _mean_nats, lr=inner_cfg.lr,
                           optimizer=tx, schedule=schedule, evaluate=_summed_bits, metric="bits/byte",
                           embeddings=frozenset(embedding_names(model_cfg)), config=fields)
@@ -75,7 +79,8 @@ def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8,
 def byte_lm_task(cfg: Config, eval_batches: int = 4) -> Task:
     """The model and the data of `cfg`; the data is read when a node opens the task (`Task.open`)."""
     dataset = functools.cache(lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
-    return Task(model=byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed),
+    model = byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed, tokenizer_hash(cfg.data.tokenizer))
+    return Task(model=model,
                 batches=lambda peer_id: dataset().batcher(peer_id or None),
                 heldout=lambda: dataset().heldout_batches(eval_batches),
                 tokens_per_batch=cfg.data.batch_size * cfg.model.seq_len)

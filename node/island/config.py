@@ -21,6 +21,7 @@ __all__ = [
     "InnerConfig",
     "ModelConfig",
     "PRESETS",
+    "overridden_fields",
     "preset",
 ]
 
@@ -85,7 +86,9 @@ class DataConfig:
     """Where tokens come from and how this node's share of them is chosen (see `node.island.data`).
 
     `sources` empty means the embedded corpus (the Python standard library's sources and docs). Otherwise:
-    text files, folders, globs, or pre-tokenized `.npy` / `.bin` (raw little-endian uint16) files.
+    text files, folders, globs, or pre-tokenized `.npy` / `.bin` (raw little-endian, uint16 unless a
+    `.json` sidecar says otherwise) files. `tokenizer`: a `tokenizers` JSON file that encodes the text
+    ("": one token per byte); see `node.island.tokens`.
     The held-out split takes every unit (a `split_unit_tokens`-long piece of a document) whose hash falls
     below `heldout_fraction`; `shard_key` (a node's peer id) picks `shard_fraction` of the train units
     ("" = the whole train split). `batch_size` is sequences per inner step on this node.
@@ -98,6 +101,7 @@ class DataConfig:
     shard_key: str = ""
     shard_fraction: float = 0.5
     data_seed: int = 0
+    tokenizer: str = ""
 
     def __post_init__(self) -> None:
         _check_positive(self, "batch_size", "split_unit_tokens")
@@ -249,6 +253,12 @@ class Config:
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """Plain nested dict (for logs, reports and `/status`)."""
         return dataclasses.asdict(self)
+
+
+def overridden_fields(items: typing.Iterable[str]) -> frozenset[str]:
+    """The field names (`vocab_size`, not `model.vocab_size`) that `key=value` strings set: what
+    `Config.with_overrides_from_strings(items)` changes. Raises ConfigError for an unknown key."""
+    return frozenset(Config()._resolve(item.partition("=")[0].strip())[1] for item in items)
 
 
 def _presets() -> dict[str, Config]:

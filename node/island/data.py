@@ -5,8 +5,11 @@ library's own sources (`*.py` under `sysconfig.get_paths()["stdlib"]`, skipping 
 folders and `site-packages`) plus the documentation topics bundled in `pydoc_data.topics`. Read raw as
 bytes (vocabulary 256). Reading it takes ~50 ms warm on the development machine, so there is no cache.
 Otherwise `DataConfig.sources` names text files, folders (every non-hidden file below, recursively),
-globs, or pre-tokenized `.npy` (1-D integer array) / `.bin` (raw little-endian uint16) files; text and
-pre-tokenized sources cannot be mixed.
+globs, or pre-tokenized `.npy` (1-D integer array) / `.bin` (raw little-endian, uint16 by default) files
+with their optional `.json` sidecars (`node.island.tokens`, docs/data.md); text and pre-tokenized sources
+cannot be mixed. With `DataConfig.tokenizer` (a `tokenizers` JSON file) text, the embedded corpus too, is
+encoded with it, and each token remembers how many bytes of text it stands for, so that held-out losses
+stay bits per *byte* (`HeldOut.n_bytes`). `resolve_vocab` gives the model the vocabulary the data needs.
 
 Split. Each document is cut into *units* of `split_unit_tokens` tokens named `"<document>#<index>"`,
 where a document's name is its path relative to its source (so it is the same on every machine). A unit
@@ -29,33 +32,34 @@ import hashlib
 import logging
 import os
 import sysconfig
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from node.island.config import DataConfig
+from node.island.config import Config, ConfigError, DataConfig, overridden_fields
+from node.island.tokens import TOKEN_SUFFIXES as _TOKEN_SUFFIXES
+from node.island.tokens import DataError, encode_text, file_vocab, load_tokenizer, open_tokens, sidecar_path
 
-__all__ = ["Batcher", "DataError", "Dataset", "Document", "MultiBatcher", "TokenStream", "Unit",
-           "check_sources", "embedded_documents", "load_corpus", "units_of"]
+__all__ = ["Batcher", "DataError", "Dataset", "Document", "HeldOut", "MultiBatcher", "TokenStream", "Unit",
+           "check_sources", "data_vocab", "embedded_documents", "load_corpus", "resolve_vocab", "token_files",
+           "units_of"]
 
 _SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
-_TOKEN_SUFFIXES = (".npy", ".bin")
 _SNIFF_BYTES = 8192
 
 log = logging.getLogger("node.island.data")
 
 
-class DataError(Exception):
-    """A data source is missing, unreadable, empty, malformed, or too small for one sequence."""
-
-
 @dataclass(frozen=True)
 class Document:
-    """A named run of tokens (uint8 for text, uint16/other integers for pre-tokenized files)."""
+    """A named run of tokens (uint8 for bytes of text, other integers for tokenized text or token files).
+    `token_bytes[i]`: bytes of text token i stands for (tokenized text only; None: unknown, or 1 each)."""
 
     name: str
     tokens: np.ndarray
+    token_bytes: np.ndarray | None = None
 
 
 def _hash_fraction(salt: str, name: str) -> float:
@@ -76,21 +80,6 @@ def _read_bytes(path: str) -> np.ndarray:
             return np.frombuffer(f.read(), dtype=np.uint8)
     except OSError as e:
         raise DataError(f"cannot read {path!r}: {e.strerror or e}") from e
-
-
-def _read_tokens(path: str) -> np.ndarray:
-    try:
-        if path.endswith(".npy"):
-            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-        else:
-            if os.path.getsize(path) % 2:
-                raise DataError(f"{path!r}: a .bin file must hold uint16 tokens (even byte count)")
-            tokens = np.memmap(path, dtype="<u2", mode="r") if os.path.getsize(path) else np.zeros(0, "<u2")
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read tokens from {path!r}: {e}") from e
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise DataError(f"{path!r}: expected a 1-D integer token array, got {tokens.dtype} {tokens.shape}")
-    return tokens
 
 
 def _walk(folder: str) -> list[str]:
@@ -171,10 +160,17 @@ def embedded_documents() -> list[Document]:
     return docs
 
 
+def _without_sidecars(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`pairs` without the `.json` sidecars of the token files among them."""
+    sidecars = {sidecar_path(path) for path, _ in pairs if path.endswith(_TOKEN_SUFFIXES)}
+    return [pair for pair in pairs if pair[0] not in sidecars]
+
+
 def _listed(sources: Sequence[str]) -> list[tuple[str, str]]:
-    """(path, name) of every file the sources name, binary files passed as text left out (`_text_only`).
-    Raises `DataError` for a missing or empty source, a binary-only one, or text mixed with token files."""
-    pairs = [pair for source in sources for pair in _text_only(source, _expand(source))]
+    """(path, name) of every file the sources name, binary files passed as text and the sidecars of token
+    files left out. Raises `DataError` for a missing or empty source, a binary-only one, or text mixed
+    with token files."""
+    pairs = _without_sidecars([pair for source in sources for pair in _text_only(source, _expand(source))])
     if len({path.endswith(_TOKEN_SUFFIXES) for path, _ in pairs}) > 1:
         raise DataError("cannot mix text files with pre-tokenized .npy/.bin files in one corpus")
     return pairs
@@ -195,19 +191,75 @@ def check_sources(sources: Sequence[str]) -> None:
         raise DataError(f"every file is empty (sources: {', '.join(sources)})")
 
 
-def load_corpus(sources: Sequence[str]) -> list[Document]:
-    """Documents from `sources` (the embedded corpus when empty). Raises `DataError` for a missing,
-    unreadable or empty source, for mixing text with pre-tokenized files, or for an empty corpus."""
+def token_files(sources: Sequence[str]) -> list[str]:
+    """The pre-tokenized files `sources` name (empty for text or the embedded corpus). Touches only the
+    folders, globs and token files among them: a text file is not opened."""
+    maybe = [s for s in sources if s.endswith(_TOKEN_SUFFIXES) or glob.has_magic(s) or os.path.isdir(s)]
+    return [path for source in maybe for path, _ in _expand(source) if path.endswith(_TOKEN_SUFFIXES)]
+
+
+def load_corpus(sources: Sequence[str], tokenizer: str = "") -> list[Document]:
+    """Documents from `sources` (the embedded corpus when empty), text encoded with the `tokenizer` file
+    if one is given. Raises `DataError` for a missing, unreadable or empty source, for mixing text with
+    pre-tokenized files, for a tokenizer with pre-tokenized files, or for an empty corpus."""
     if not sources:
         docs = embedded_documents()
     else:
         pairs = _listed(sources)
-        read = _read_tokens if pairs and pairs[0][0].endswith(_TOKEN_SUFFIXES) else _read_bytes
+        read = open_tokens if pairs and pairs[0][0].endswith(_TOKEN_SUFFIXES) else _read_bytes
         docs = [Document(name.replace(os.sep, "/"), read(path)) for path, name in pairs]
+        if tokenizer and read is open_tokens:
+            raise DataError(f"tokenizer {tokenizer!r} encodes text, but the sources are pre-tokenized files")
     docs = [d for d in docs if len(d.tokens)]
+    if tokenizer and docs:
+        docs = [d for d in _tokenized(docs, tokenizer) if len(d.tokens)]
     if not docs:
         raise DataError(f"the corpus is empty (sources: {list(sources) or 'embedded'})")
     return docs
+
+
+def _tokenized(docs: Sequence[Document], path: str) -> list[Document]:
+    """Byte documents encoded with the tokenizer in `path` (text that is not UTF-8 is read with U+FFFD
+    for its bad bytes, and counted as the re-encoded text's bytes)."""
+    tokenizer = load_tokenizer(path)
+    started = time.perf_counter()
+    texts = [d.tokens.tobytes().decode("utf-8", errors="replace") for d in docs]
+    encoded = encode_text(tokenizer, texts)
+    n_bytes, n_tokens = sum(int(b.sum()) for _, b in encoded), sum(len(t) for t, _ in encoded)
+    log.info("encoded %d documents (%.1f MB of text) into %d tokens with tokenizer %s (vocabulary %d, "
+             "%.2f bytes per token) in %.1f s", len(docs), n_bytes / 1e6, n_tokens, path,
+             tokenizer.get_vocab_size(), n_bytes / max(n_tokens, 1), time.perf_counter() - started)
+    return [Document(d.name, tokens, sizes) for d, (tokens, sizes) in zip(docs, encoded)]
+
+
+def data_vocab(cfg: DataConfig) -> tuple[int, str]:
+    """(the vocabulary the data needs, where that figure comes from): the tokenizer's size, 256 for bytes
+    of text, or the largest of the token files' (sidecar or inferred, `node.island.tokens.file_vocab`)."""
+    if cfg.tokenizer:  # (pre-tokenized sources with a tokenizer: `load_corpus` refuses them)
+        return load_tokenizer(cfg.tokenizer).get_vocab_size(), f"the tokenizer {cfg.tokenizer}"
+    files = token_files(cfg.sources)
+    if not files:
+        return 256, "one token per byte of text"
+    (vocab, how), path = max((file_vocab(path), path) for path in files)
+    if not vocab:
+        raise DataError(f"every token file is empty (sources: {', '.join(cfg.sources)})")
+    return vocab, f"the {how} vocabulary of {path}" + (f", the largest of {len(files)} files" if len(files) > 1 else "")
+
+
+def resolve_vocab(cfg: Config, overrides: Iterable[str] = ()) -> Config:
+    """`cfg` with the model's vocabulary fitted to its data (`data_vocab`): taken from the data unless
+    `overrides` (the `key=value` strings `cfg` was built with) set `vocab_size`, which must then be at least
+    the data's (a larger one is kept: padded vocabularies are common). Raises ConfigError for one too
+    small, DataError for unreadable data. Same data and tokenizer, same result on every node."""
+    need, source = data_vocab(cfg.data)
+    if "vocab_size" in overridden_fields(overrides):
+        if cfg.model.vocab_size < need:
+            raise ConfigError(f"vocab_size={cfg.model.vocab_size} is too small for the data, which needs {need} "
+                              f"({source}): drop --set vocab_size to take the data's, or set one >= {need}")
+        return cfg
+    if need != cfg.model.vocab_size:
+        log.info("vocab_size %d from the data (%s)", need, source)
+    return cfg.with_overrides(vocab_size=need)
 
 
 # ---- split, shard, stream ------------------------------------------------------------------------
@@ -220,6 +272,7 @@ class Unit:
     doc: str
     index: int
     tokens: np.ndarray
+    token_bytes: np.ndarray | None = None  # as `Document.token_bytes`
 
     @property
     def name(self) -> str:
@@ -228,7 +281,8 @@ class Unit:
 
 def units_of(docs: Sequence[Document], unit_tokens: int) -> list[Unit]:
     """Cut every document into consecutive units of at most `unit_tokens` tokens."""
-    return [Unit(d.name, i // unit_tokens, d.tokens[i : i + unit_tokens])
+    return [Unit(d.name, i // unit_tokens, d.tokens[i : i + unit_tokens],
+                 None if d.token_bytes is None else d.token_bytes[i : i + unit_tokens])
             for d in docs for i in range(0, len(d.tokens), unit_tokens)]
 
 
@@ -314,17 +368,30 @@ def _check_vocab(batch: np.ndarray, vocab_size: int) -> np.ndarray:
     return batch.astype(np.int32)
 
 
+class HeldOut(list):
+    """Evaluation batches (a list of `[batch, seq_len + 1]` int32 arrays) and `n_bytes`, the bytes of text
+    their predicted tokens (all but each window's first) stand for: None when a token is a byte (plain
+    text) or unknown (pre-tokenized files). `InnerLoop.evaluate` divides the summed loss by it."""
+
+    def __init__(self, batches: Iterable[np.ndarray], n_bytes: int | None = None) -> None:
+        super().__init__(batches)
+        self.n_bytes = n_bytes
+
+
 class Dataset:
     """A loaded corpus, split into train and held-out units; hands out shard batchers and eval batches."""
 
     def __init__(self, cfg: DataConfig, *, seq_len: int, vocab_size: int,
                  documents: Sequence[Document] | None = None) -> None:
         self.cfg, self.seq_len, self.vocab_size = cfg, seq_len, vocab_size
-        docs = load_corpus(cfg.sources) if documents is None else list(documents)
+        docs = load_corpus(cfg.sources, cfg.tokenizer) if documents is None else list(documents)
         units = units_of(docs, cfg.split_unit_tokens)
         held = [_hash_fraction("split", u.name) < cfg.heldout_fraction for u in units]
         self.train_units = [u for u, h in zip(units, held) if not h]
         self.heldout = TokenStream([u for u, h in zip(units, held) if h])
+        sized = all(u.token_bytes is not None for u in self.heldout.units)
+        self._heldout_bytes = TokenStream([Unit(u.doc, u.index, u.token_bytes) for u in self.heldout.units
+                                           if u.token_bytes is not None]) if sized else None
         total = sum(len(u.tokens) for u in units)
         for part, size in (("train", sum(len(u.tokens) for u in self.train_units)), ("held-out", len(self.heldout))):
             if size < seq_len + 1:
@@ -347,8 +414,9 @@ class Dataset:
         return Batcher(self.shard(key), batch_size=batch_size or self.cfg.batch_size, seq_len=self.seq_len,
                        seed=self.cfg.data_seed, key=key, vocab_size=self.vocab_size)
 
-    def heldout_batches(self, n_batches: int, batch_size: int | None = None) -> list[np.ndarray]:
-        """`n_batches` fixed evaluation batches, windows evenly spaced over the held-out split.
+    def heldout_batches(self, n_batches: int, batch_size: int | None = None) -> HeldOut:
+        """`n_batches` fixed evaluation batches, windows evenly spaced over the held-out split, with the
+        bytes of text they predict when the text was tokenized (`HeldOut`).
 
         The same on every node whatever its shard (they depend on the corpus and the config only).
         """
@@ -356,4 +424,6 @@ class Dataset:
         n_windows = n_batches * batch_size
         starts = np.linspace(0, len(self.heldout) - self.seq_len - 1, n_windows).astype(np.int64)
         windows = np.stack([self.heldout.take(int(s), self.seq_len + 1) for s in starts])
-        return [_check_vocab(w, self.vocab_size) for w in np.split(windows, n_batches)]
+        sizes = self._heldout_bytes
+        n_bytes = None if sizes is None else sum(int(sizes.take(int(s) + 1, self.seq_len).sum()) for s in starts)
+        return HeldOut((_check_vocab(w, self.vocab_size) for w in np.split(windows, n_batches)), n_bytes)

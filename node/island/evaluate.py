@@ -1,7 +1,9 @@
 """Loss and held-out evaluation shared by the inner loop, the baseline and the CLI.
 
-`bits_per_byte` is the mean next-token cross-entropy in bits (nats / ln 2). For the byte-level corpus a
-token is a byte, so this is bits per byte; for pre-tokenized data it is bits per token.
+`bits_per_byte` is a summed next-token cross-entropy in bits (nats / ln 2) per unit predicted. For
+text read as bytes a token is a byte; for text encoded with a tokenizer the unit is the bytes of text the
+predicted tokens stand for (`node.island.data.HeldOut.n_bytes`), so both are bits per byte and compare;
+for pre-tokenized files (whose text is unknown) it is bits per token.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def next_token_loss(apply: Apply, params: Mapping[str, jax.Array], batch_BxT1: j
     return summed_loss(apply, params, batch_BxT1) / (b * (t1 - 1))
 
 
-def bits_per_byte(total_nats: float, n_tokens: int) -> float:
-    """Convert a summed loss over `n_tokens` predictions to mean bits per token (= per byte here)."""
-    if n_tokens <= 0:
+def bits_per_byte(total_nats: float, n_units: int) -> float:
+    """Convert a summed loss to bits per unit: per byte when `n_units` counts the bytes of text predicted
+    (per token when it counts tokens of pre-tokenized data)."""
+    if n_units <= 0:
         raise ValueError("bits_per_byte needs at least one predicted token")
-    return total_nats / n_tokens / math.log(2)
+    return total_nats / n_units / math.log(2)

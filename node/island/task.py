@@ -255,7 +255,7 @@ class Task:
         if not _is_source(source):
             source = IterableBatches(source)
         heldout = self.heldout() if callable(self.heldout) else self.heldout
-        return source, list(heldout)
+        return source, heldout if isinstance(heldout, list) else list(heldout)  # a list subclass kept (HeldOut)
 
 
 def _is_source(obj: Any) -> bool:

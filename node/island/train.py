@@ -32,9 +32,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from node.island.bytelm import byte_lm, byte_lm_task
+from node.island.bytelm import byte_lm_task
 from node.island.config import Config, ConfigError, preset
-from node.island.data import DataError
+from node.island.data import DataError, resolve_vocab
 from node.island.task import Model, flat_name
 from protocol.errors import LocalProtocolError
 
@@ -163,8 +163,7 @@ class InnerLoop:
     def byte_lm(cls, cfg: Config, batches: BatchSource, **kwargs: Any) -> InnerLoop:
         """A loop of the CLI's byte-level model for `cfg` (`node.island.bytelm.byte_lm`), seeded by
         `cfg.inner.init_seed`; other keyword arguments as for `InnerLoop`."""
-        model = byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed)
-        return cls(model, batches, seed=cfg.inner.init_seed, **kwargs)
+        return cls(byte_lm_task(cfg).model, batches, seed=cfg.inner.init_seed, **kwargs)
 
     # -- parameters --------------------------------------------------------------------------------
 
@@ -251,12 +250,16 @@ class InnerLoop:
 
     def evaluate(self, batches: Iterable[Any], params: Mapping[str, np.ndarray] | None = None) -> float:
         """The model's mean held-out loss (`Model.metric`: bits per byte for the byte-level model) over
-        `batches`, of the current params, or of `params` if given (the loop's own are left untouched)."""
+        `batches`, of the current params, or of `params` if given (the loop's own are left untouched).
+        When `batches` has an `n_bytes` (text encoded with a tokenizer, `node.island.data.HeldOut`), the
+        summed loss is divided by it instead of the count: bits per byte of text, as for bytes."""
         weights = self._params if params is None else self._put(params)
         total, count = 0.0, 0.0
         for batch in batches:
             summed, n = self._steps.eval_step(weights, self._put_batch(batch))
             total, count = total + float(summed), count + float(n)
+        # held-out text encoded with a tokenizer (`node.island.data.HeldOut`): per byte of that text
+        count = getattr(batches, "n_bytes", None) or count
         if count <= 0:
             raise LocalProtocolError("evaluate needs at least one held-out example")
         return total / count
@@ -384,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg: Config = preset(args.model).with_overrides_from_strings(args.overrides)
         cfg = cfg.with_overrides(shard_key=args.shard_key, **({"sources": tuple(args.data)} if args.data else {}))
+        cfg = resolve_vocab(cfg, args.overrides)  # vocab_size from the data unless set
         horizon_given = any(o.partition("=")[0].strip().endswith("total_steps") for o in args.overrides)
         if not horizon_given and args.steps > cfg.inner.warmup_steps:  # decay over this run unless told
             cfg = cfg.with_overrides(total_steps=args.steps)

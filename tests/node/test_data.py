@@ -111,7 +111,7 @@ def test_data_errors(tmp_path):
         load_corpus([str(tmp_path / "empty_dir")])
     with pytest.raises(DataError, match="corpus is empty"):
         load_corpus([write(tmp_path / "empty.txt", b"")])
-    with pytest.raises(DataError, match="even byte count"):
+    with pytest.raises(DataError, match="not a whole number of uint16 tokens"):
         load_corpus([write(tmp_path / "odd.bin", b"abc")])
     np.save(tmp_path / "f.npy", np.zeros((2, 2), np.float32))
     with pytest.raises(DataError, match="1-D integer"):
