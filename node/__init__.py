@@ -5,7 +5,7 @@
   transformer as one such model (`bytelm`; the Flax NNX module in `model`, presets in `config`, the corpus in
   `data`), the jitted inner loop (`train.InnerLoop`:
   `set_params` / `run` / `evaluate` / `state_dict`, parameters in flat form `dict[str, np.ndarray]`),
-  held-out evaluation (`evaluate`) and the synchronous data-parallel baseline (`baseline`).
+  and the synchronous data-parallel baseline (`baseline`).
 - `node.outer` — the outer loop around it: the ledger service (`replica.Replica`, the one owner of the
   node's `protocol.ledger.Ledger`: every operation in a worker thread under one lock, views read on the
   trio thread), the rounds (`rounds.Rounds`: train, compress, publish, add), the hand-over of moving

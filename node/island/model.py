@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from node.island.config import ModelConfig
+from node.island.task import nest_flat
 from protocol.errors import LocalProtocolError
 
 __all__ = [
@@ -145,18 +146,6 @@ def _name(path: tuple) -> str:
     return ".".join(str(part) for part in path)
 
 
-def _nest(flat: Mapping[str, object]) -> dict:
-    """`{"blocks.0.mlp.fc.kernel": a}` -> `{"blocks": {0: {"mlp": {"fc": {"kernel": a}}}}}`."""
-    nested: dict = {}
-    for name, value in flat.items():
-        parts = [int(p) if p.isdigit() else p for p in name.split(".")]
-        node = nested
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return nested
-
-
 def flatten_params(model: Transformer) -> FlatParams:
     """The model's parameters as float32 numpy arrays (copies) under stable dotted names, sorted."""
     state = nnx.state(model, nnx.Param)
@@ -168,7 +157,7 @@ def unflatten_params(model: Transformer, flat: Mapping[str, np.ndarray]) -> None
     """Write `flat` into `model` in place. Names and shapes must match `param_shapes(model.cfg)` exactly."""
     check_flat(model.cfg, flat)
     arrays = {k: jnp.asarray(np.array(v, np.float32, copy=True)) for k, v in flat.items()}
-    nnx.update(model, nnx.State(_nest(arrays)))
+    nnx.update(model, nnx.State(nest_flat(arrays)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -245,6 +234,6 @@ def make_apply(cfg: ModelConfig) -> Callable[[Mapping[str, jax.Array], jax.Array
     graphdef, _ = nnx.split(_abstract(cfg), nnx.Param)
 
     def apply(flat: Mapping[str, jax.Array], tokens_BxT: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, _nest(flat))(tokens_BxT)
+        return nnx.merge(graphdef, nest_flat(flat))(tokens_BxT)
 
     return apply

@@ -34,7 +34,7 @@ import optax
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["Batches", "IterableBatches", "Model", "Task", "default_optimizer", "flat_name"]
+__all__ = ["Batches", "IterableBatches", "Model", "Task", "default_optimizer", "flat_name", "nest_flat"]
 
 Batches = Any  # a BatchSource (node.island.train), an iterable of batches, or a function of the peer id
 
@@ -120,7 +120,7 @@ class Model:
             return {flat_name(path): var.get_value() for path, var in nnx.to_flat_state(state)}
 
         def module(flat: Mapping[str, jax.Array]) -> Any:
-            return nnx.merge(graphdef, nnx.State(_nest(flat)))
+            return nnx.merge(graphdef, nnx.State(nest_flat(flat)))
 
         def loss_fn(flat: Mapping[str, jax.Array], batch: Any) -> jax.Array:
             return loss(module(flat), batch)
@@ -188,7 +188,7 @@ class Model:
         return {"model.name": self.name, "model.parameters": self.param_count, "inner.lr": self.lr}
 
 
-def _nest(flat: Mapping[str, object]) -> dict:
+def nest_flat(flat: Mapping[str, object]) -> dict:
     """`{"blocks.0.mlp.fc.kernel": a}` -> `{"blocks": {0: {"mlp": {"fc": {"kernel": a}}}}}`."""
     nested: dict = {}
     for name, value in flat.items():
