@@ -204,3 +204,25 @@ def test_a_tiny_model_trains_on_tokenized_text_and_reports_bits_per_byte(config,
     assert result.steps == 30 and all(math.isfinite(x) for x in result.losses)
     assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5]) - 1.0  # nats per token
     assert after < before - 0.5  # bits per byte of text
+
+
+def test_diloco_sample_speaks_the_runs_tokenizer(text_dir, tokenizer_file, tmp_path, capsys) -> None:
+    from safetensors.numpy import save_file
+
+    from node.island.model import init_params
+    from node.sample import main as sample_main
+
+    node = settings(data=(str(text_dir),), overrides=(f"tokenizer={tokenizer_file}", "seq_len=32", "d_model=32",
+                                                       "n_heads=2", "d_ff=64", "n_layers=1"))
+    cfg = node.ml_config("p")
+    export = tmp_path / "model.safetensors"
+    save_file(init_params(cfg.model, 0), str(export), metadata={"diloco.run_config": own_run_config(node, "")})
+    assert sample_main([str(export), "--tokens", "8"]) == 2  # the run's tokenizer is needed, and named
+    assert f"sha256 {tokenizer_hash(tokenizer_file)}" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(Path(tokenizer_file).read_text().replace('"vocab"', '"vocab" ', 1))
+    assert sample_main([str(export), "--tokenizer", str(other), "--tokens", "8"]) == 2
+    assert "is not the run's tokenizer" in capsys.readouterr().err
+    assert sample_main([str(export), "--tokenizer", tokenizer_file, "--prompt", "The river", "--tokens", "8"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("The river") and len(text) > len("The river\n")
