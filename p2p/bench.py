@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 from pathlib import Path
 
 import trio
@@ -112,6 +113,22 @@ async def serve_child(tmp: Path, mib: int) -> None:
         nursery.cancel_scope.cancel()
 
 
+
+async def start_serving_child(module: str, tmp: Path, mib: int) -> tuple[trio.Process, dict[str, Any]]:
+    """`python -m MODULE --serve TMP/serve --mib MIB` in a child process, and the JSON line it prints once it
+    serves (its addresses and the blob's id)."""
+    child = await trio.lowlevel.open_process(
+        [sys.executable, "-m", module, "--serve", str(tmp / "serve"), "--mib", str(mib)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = await child.stdout.receive_some(4096)  # type: ignore[union-attr]
+        if not chunk:
+            raise RuntimeError("the serving process exited early")
+        line += chunk
+    return child, json.loads(line)
+
 async def blob_transfers(
     tmp: Path, mib: int, repeats: int, same_process: bool
 ) -> tuple[list[float], list[float], dict[str, float]]:
@@ -127,17 +144,7 @@ async def blob_transfers(
             info = await _serving_side(tmp, os.urandom(mib << 20), nursery)
             child = None
         else:
-            child = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "p2p.bench", "--serve", str(tmp / "serve"), "--mib", str(mib)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            )
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = await child.stdout.receive_some(4096)  # type: ignore[union-attr]
-                if not chunk:
-                    raise RuntimeError("the serving process exited early")
-                line += chunk
-            info = json.loads(line)
+            child, info = await start_serving_child("p2p.bench", tmp, mib)
         b: Host = await nursery.start(run, _config(tmp, "b", GossipConfig(run_id=RUN), bootstrap=(info["gossip_addr"],)))
         await _until(lambda: info["peer_id"] in b.connected_peers(), 10)
         name, size = str(info["blob"]), int(info["size"])  # type: ignore[call-overload]

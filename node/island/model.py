@@ -25,8 +25,7 @@ import numpy as np
 from flax import nnx
 
 from node.island.config import ModelConfig
-from node.island.task import nest_flat
-from protocol.errors import LocalProtocolError
+from node.island.task import check_shapes, nest_flat
 
 __all__ = [
     "Transformer",
@@ -214,14 +213,7 @@ def embedding_names(cfg: ModelConfig) -> tuple[str, ...]:
 
 def check_flat(cfg: ModelConfig, flat: Mapping[str, np.ndarray]) -> None:
     """Raise `LocalProtocolError` unless `flat` has exactly the model's parameter names and shapes."""
-    expected = param_shapes(cfg)
-    if set(flat) != set(expected):
-        missing = sorted(set(expected) - set(flat))[:5]
-        extra = sorted(set(flat) - set(expected))[:5]
-        raise LocalProtocolError(f"parameter names do not match the model: missing {missing}, extra {extra}")
-    for name, shape in expected.items():
-        if tuple(np.shape(flat[name])) != shape:
-            raise LocalProtocolError(f"parameter {name!r} has shape {np.shape(flat[name])}, model needs {shape}")
+    check_shapes(param_shapes(cfg), flat)
 
 
 @functools.lru_cache(maxsize=16)

@@ -34,7 +34,7 @@ import optax
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["Batches", "IterableBatches", "Model", "Task", "default_optimizer", "flat_name", "nest_flat"]
+__all__ = ["Batches", "IterableBatches", "Model", "Task", "check_shapes", "default_optimizer", "flat_name", "nest_flat"]
 
 Batches = Any  # a BatchSource (node.island.train), an iterable of batches, or a function of the peer id
 
@@ -159,14 +159,7 @@ class Model:
 
     def check(self, flat: Mapping[str, np.ndarray]) -> None:
         """Raise `LocalProtocolError` unless `flat` has exactly this model's names and shapes."""
-        expected = self._shapes  # type: ignore[attr-defined]
-        if set(flat) != set(expected):
-            missing = sorted(set(expected) - set(flat))[:5]
-            extra = sorted(set(flat) - set(expected))[:5]
-            raise LocalProtocolError(f"parameter names do not match the model: missing {missing}, extra {extra}")
-        for name, shape in expected.items():
-            if tuple(np.shape(flat[name])) != shape:
-                raise LocalProtocolError(f"parameter {name!r} has shape {np.shape(flat[name])}, model needs {shape}")
+        check_shapes(self._shapes, flat)  # type: ignore[attr-defined]
 
     # -- what the inner loop compiles ------------------------------------------------------------------
 
@@ -186,6 +179,17 @@ class Model:
         if self.config:
             return dict(self.config)
         return {"model.name": self.name, "model.parameters": self.param_count, "inner.lr": self.lr}
+
+
+def check_shapes(expected: Mapping[str, tuple[int, ...]], flat: Mapping[str, np.ndarray]) -> None:
+    """Raise `LocalProtocolError` unless `flat` has exactly the names and shapes of `expected`."""
+    if set(flat) != set(expected):
+        missing = sorted(set(expected) - set(flat))[:5]
+        extra = sorted(set(flat) - set(expected))[:5]
+        raise LocalProtocolError(f"parameter names do not match the model: missing {missing}, extra {extra}")
+    for name, shape in expected.items():
+        if tuple(np.shape(flat[name])) != shape:
+            raise LocalProtocolError(f"parameter {name!r} has shape {np.shape(flat[name])}, model needs {shape}")
 
 
 def nest_flat(flat: Mapping[str, object]) -> dict:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
 
-from p2p.bench import TARGET_GBIT, raw_copy, serve_raw
+from p2p.bench import TARGET_GBIT, raw_copy, serve_raw, start_serving_child
 from p2p.blobfetch import BlobClient
 from p2p.blobserve import BLOB_PREFIX, DEFAULT_CHUNK, BlobService
 from p2p.blobstore import BlobStore, BlobWriter, check_hex
@@ -146,17 +145,7 @@ async def _write_pieces(pieces: trio.MemoryReceiveChannel[bytes], writer: BlobWr
 
 
 async def start_child(tmp: Path, mib: int) -> tuple[trio.Process, dict[str, int | str]]:
-    child = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "testnet.benchmarks.http_libraries", "--serve", str(tmp / "serve"), "--mib", str(mib)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = await child.stdout.receive_some(4096)  # type: ignore[union-attr]
-        if not chunk:
-            raise RuntimeError("the serving process exited early")
-        line += chunk
-    return child, json.loads(line)
+    return await start_serving_child("testnet.benchmarks.http_libraries", tmp, mib)
 
 
 def _gbit(nbytes: int, seconds: float) -> float:
