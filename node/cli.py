@@ -54,10 +54,16 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
+    """The command line of `diloco-node`; with `model_name` (a library user's program, `diloco.run`), the same
+    under the program's name, without the flags that choose diloco-node's own model in `--help`."""
+    own = model_name is None
     p = argparse.ArgumentParser(
-        prog="diloco-node", description="One node of a peer-to-peer Decoupled DiLoCo training run.",
+        prog="diloco-node" if own else Path(sys.argv[0]).name,
+        description="One node of a peer-to-peer Decoupled DiLoCo training run"
+                    + ("." if own else f", training {model_name} (flags as for diloco-node)."),
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mine = argparse.SUPPRESS  # the help of a flag that chooses diloco-node's own model, in a library program
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="read flags from a TOML file (keys: the flag names without dashes; flags given here "
                         "override it; see node/configfile.py)")
@@ -100,13 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", type=_csv, default=(), metavar="PATH|DIR|GLOB[,...]",
                        help="text files, folders or globs (read as bytes, or encoded with --set tokenizer=FILE), or "
                             "pre-tokenized .npy/.bin files, each optionally with a NAME.json sidecar giving vocab_size "
-                            "and dtype (docs/data.md) (default: the embedded Python stdlib corpus)")
+                            "and dtype (docs/data.md) (default: the embedded Python stdlib corpus)" if own else mine)
     train.add_argument("--model", default="tiny", metavar="PRESET",
-                       help="model preset: tiny, small, base, large (default %(default)s)")
+                       help="model preset: tiny, small, base, large (default %(default)s)" if own else mine)
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="config override, repeatable, e.g. --set batch_size=8 --set inner.lr=1e-3; --set "
                             "tokenizer=tokenizer.json encodes text with a tokenizers file (diloco-tokenizer train makes "
-                            "one; every node needs the same file); vocab_size defaults to the data's")
+                            "one; every node needs the same file); vocab_size defaults to the data's" if own else mine)
     train.add_argument("--inner-steps", type=int, default=50, metavar="H",
                        help="inner optimizer steps per round (default %(default)s)")
     train.add_argument("--adaptive-steps", action=argparse.BooleanOptionalAction, default=True,
@@ -270,19 +276,20 @@ def _report(exc: BaseException) -> int:
 
 def explicit_flags(argv: Sequence[str] | None) -> frozenset[str]:
     """The destinations (NodeSettings fields) of the options given on the command line, defaults aside."""
-    parser = build_parser()
+    parser = build_parser("")
     for action in parser._actions:
         action.default = argparse.SUPPRESS
         action.required = False  # --run-id and --key may come from a --config file
     return frozenset(vars(parser.parse_known_args(argv)[0]))
 
 
-def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, frozenset[str]]:
+def parse(argv: Sequence[str] | None = None, model_name: str | None = None) -> tuple[argparse.Namespace, frozenset[str]]:
     """The arguments, a `--config` file's settings under the command line's, and the destinations the user
-    set (in the file or on the command line). Exits 2 with one line for a bad file."""
+    set (in the file or on the command line). Exits 2 with one line for a bad file. `model_name`: see
+    `build_parser`."""
     from node.configfile import ConfigFileError, apply_config_file
 
-    parser, pre = build_parser(), argparse.ArgumentParser(add_help=False)
+    parser, pre = build_parser(model_name), argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
     known, _ = pre.parse_known_args(argv)
     try:
@@ -299,7 +306,7 @@ def main(argv: Sequence[str] | None = None, task: Any = None) -> int:
     """Parse the command line, run the node, return the exit status (see the module docstring). `task`: a
     library user's model and data (`diloco.run`, `node.island.task.Task`); None trains the CLI's byte-level
     model of `--model`, `--set` and `--data`."""
-    args, given = parse(argv)
+    args, given = parse(argv, None if task is None else task.model.name)
     if task is not None and (flags := [flag for dest, flag in CLI_MODEL_FLAGS.items() if dest in given]):
         print(f"diloco-node: error: {', '.join(flags)} choose the byte-level model of diloco-node; this program "
               f"trains its own ({task.model.name})", file=sys.stderr)
