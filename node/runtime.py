@@ -166,6 +166,9 @@ class NodeRuntime:
         PEER.set(self.peer_id)
         # the data first: a wrong --data is a one-line error before the node listens
         self.batches, self.heldout = await trio.to_thread.run_sync(self.task.open, self.peer_id)
+        if not self.heldout and self.settings.eval_every:
+            log.info("no held-out batches: evaluation off")
+            self.settings = dataclasses.replace(self.settings, eval_every=0)
         with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs")
