@@ -206,7 +206,8 @@ def nest_flat(flat: Mapping[str, object]) -> dict:
 
 class IterableBatches:
     """A `BatchSource` over an iterable: `position` counts the batches drawn; `seek(n)` (a restart resuming
-    from a checkpoint) starts the iterable again and skips `n` batches. `example()` is the first batch."""
+    from a checkpoint) starts the iterable again and skips `n` batches (a one-shot iterator, which cannot
+    start again, is only moved forward). `example()` is the next batch, peeked: not drawn."""
 
     def __init__(self, batches: Iterable[Any]) -> None:
         self._source = batches
@@ -231,12 +232,14 @@ class IterableBatches:
         return batch
 
     def seek(self, position: int) -> None:
+        position = int(position)
         if position == self.position:
             return
-        if iter(self._source) is self._source and position < self.position:
+        if iter(self._source) is not self._source:  # an iterable: start it again
+            self._it, self._peeked, self.position = iter(self._source), [], 0
+        elif position < self.position:
             raise LocalProtocolError("an iterator cannot go back: give an iterable (or a function) to resume")
-        self._it, self._peeked, self.position = iter(self._source), [], 0
-        for _ in range(int(position)):
+        while self.position < position:  # a one-shot iterator goes on from where it is
             self.next_batch()
 
 
