@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from node.logs import PEER
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
-from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs
+from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs, scratch_dir
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
@@ -169,7 +168,7 @@ class NodeRuntime:
         if not self.heldout and self.settings.eval_every:
             log.info("no held-out batches: evaluation off")
             self.settings = dataclasses.replace(self.settings, eval_every=0)
-        with tempfile.TemporaryDirectory(prefix="diloco-node-") as scratch:
+        with scratch_dir() as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs")
             if removed:

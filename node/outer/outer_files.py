@@ -19,7 +19,9 @@ import dataclasses
 import math
 import mmap
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -81,6 +83,38 @@ def remove_old_blobs(directory: Path) -> tuple[int, int]:
                 entry.unlink(missing_ok=True)
                 removed += 1
     return removed, freed
+
+
+SCRATCH_PREFIX = "diloco-node-"
+STALE_SCRATCH_S = 600.0  # a scratch directory unchanged this long, of a process that is gone, is left over
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+    """The data directory of a node without `--checkpoint-dir` (blobs, the window bottom's files): a
+    temporary directory named after this process, `diloco-node-<pid>-*`, removed when the node stops. The
+    ones that processes killed before they could remove theirs left behind (their pid no longer runs, and
+    nothing in them changed for `STALE_SCRATCH_S`) are removed first, so that a node killed again and again
+    does not fill the disk with blobs."""
+    root = Path(tempfile.gettempdir())
+    for entry in root.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = entry.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        try:
+            idle_s = time.time() - entry.stat().st_mtime
+        except OSError:
+            continue
+        if pid.isdigit() and entry.is_dir() and idle_s > STALE_SCRATCH_S and not _running(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def payloads_to_blobs(snap: LedgerSnapshot, store: BlobPut) -> tuple[LedgerSnapshot, list[tuple[int, str]]]:

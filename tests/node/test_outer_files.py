@@ -4,6 +4,8 @@ holds the same bits as one in memory, lets the pages go between passes, and leav
 from __future__ import annotations
 
 import hashlib
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -147,3 +149,30 @@ def test_the_own_updates_norms_measured_while_compressing_are_a_receivers() -> N
     payload, norms = compress(ErrorFeedback(Codec.INT4), delta)
     checked = PayloadDeltas.validated(Payload(Codec.INT4, payload), SHAPES)
     assert norms == checked.norms
+
+
+def test_scratch_directories_of_killed_processes_are_removed(tmp_path, monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from node.outer.outer_files import SCRATCH_PREFIX, STALE_SCRATCH_S, scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    old = time.time() - 2 * STALE_SCRATCH_S
+    left = tmp_path / f"{SCRATCH_PREFIX}{dead_pid}-abc"  # a killed node's blobs, untouched for long
+    recent = tmp_path / f"{SCRATCH_PREFIX}{dead_pid}-def"  # the same pid, written to a moment ago: kept
+    alive = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-ghi"  # a running process's: kept
+    other = tmp_path / "diloco-node-x1y2z3"  # not ours (no pid): kept
+    for d in (left, recent, alive, other):
+        (d / "blobs").mkdir(parents=True)
+        (d / "blobs" / "blob").write_bytes(b"x")
+    for d in (left, alive, other):
+        os.utime(d, (old, old))
+    with scratch_dir() as scratch:
+        assert Path(scratch).name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-") and Path(scratch).is_dir()
+        assert not left.exists() and recent.exists() and alive.exists() and other.exists()
+    assert not Path(scratch).exists()
