@@ -169,7 +169,8 @@ def bench_slow(a: argparse.Namespace) -> None:
         uniform, slowed = (_reload(Path(d)) for d in a.from_runs)
     else:  # the uniform run's solo phase sets the schedule's horizon; the slowed run trains on the same
         uniform = _run(Options(**common, solo_seconds=a.solo_seconds))
-        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",), overrides=_same_schedule(uniform)))
+        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",), overrides=_same_schedule(uniform),
+                              solo_seconds=0.0))
     fast = [str(n) for n in range(a.nodes) if n != slow_node]
     tps_u = [uniform["throughput"]["tokens_per_s"].get(n) for n in fast]
     tps_s = [slowed["throughput"]["tokens_per_s"].get(n) for n in fast]

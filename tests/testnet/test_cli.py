@@ -94,7 +94,8 @@ def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
 
 async def test_a_whole_run_writes_the_report_and_stops_everything(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    o = Options(nodes=3, minutes=0.06, kill_every=1.0, downtime=0.6, settle=0.5, baseline=False, out=tmp_path,
+    o = Options(nodes=3, minutes=0.06, kill_every=1.0, downtime=0.6, settle=0.5, baseline=False, solo_seconds=0,
+                out=tmp_path,
                 progress="plain", poll_interval=0.1, wan="2gbit,30ms", stop_grace=2)
     registry = GroupRegistry()
     with trio.fail_after(60):
@@ -118,7 +119,8 @@ DRIVER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from testnet.cli import main
     from testnet_helpers import fake_argv
-    sys.exit(main(["--minutes", "10", "--out", {out!r}, "--progress", "quiet", "--stop-grace", "1"],
+    sys.exit(main(["--minutes", "10", "--out", {out!r}, "--progress", "quiet", "--stop-grace", "1",
+                   "--solo-seconds", "0"],
                   argv_builder=lambda specs: fake_argv("--ignore-term")))
 """)
 
