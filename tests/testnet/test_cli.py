@@ -152,7 +152,13 @@ async def test_sigterm_stops_a_background_testnet(tmp_path: Path) -> None:
     assert len(pids) == 3 and not [p for p in pids if alive(p)]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["interrupted"] is True and meta["t_end"] > meta["t_launch"] > 0
-    assert main_report(run_dir)["run"]["nodes"] == 3  # a report can still be made from the records
+    assert meta["extra"]["stopped_during"] == "nodes"
+    # the testnet wrote the report of what ran: the nodes' figures, the baseline's n/a
+    assert "**Interrupted**: the nodes were stopped before the end of the run" in (run_dir / "report.md").read_text()
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["baseline_run"]["state"] == "not run" and report["quality"]["at_equal_tokens"]["ratio"] is None
+    assert report["run"]["interrupted"] and report["run"]["stopped_during"] == "nodes"
+    assert main_report(run_dir)["run"]["nodes"] == 3  # and it can be made again from the records
 
 
 def main_report(run_dir: Path) -> dict:
