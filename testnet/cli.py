@@ -86,7 +86,7 @@ class Options:
     misbehave: tuple[str, ...] = ()
     wan: str | None = None
     baseline: bool = True
-    solo_seconds: float = 0.0
+    solo_seconds: float = 20.0  # the solo phase: the nodes' pace sets the schedule's horizon (and overlap)
     out: Path = Path("runs")
     progress: str = "auto"
     start_timeout: float = 180.0
@@ -383,9 +383,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
            "needs root and iproute2, otherwise says why and runs on loopback")
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
-    a("--solo-seconds", type=float, default=0.0, metavar="S",
-      help="first run every node alone for S seconds, for the overlap figure; without --rounds it also sets the "
-           "learning-rate schedule to span the run at the measured pace (default 0 = skip)")
+    a("--solo-seconds", type=float, default=20.0, metavar="S",
+      help="first run every node alone for S seconds: without --rounds the measured pace sets the learning-rate "
+           "schedule to end with the run (else the preset's horizon applies, 10,000 steps for tiny), and the "
+           "overlap figure (default 20; 0 = skip)")
     a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")
     a("--progress", choices=("auto", "rich", "plain", "quiet"), default="auto",
       help="live table (rich), periodic lines (plain), events only (quiet); auto = rich on a terminal")
