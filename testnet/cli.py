@@ -71,6 +71,7 @@ class Options:
     minutes: float = 2.0
     model: str = "tiny"
     inner_steps: int = 20
+    outer_momentum: float | None = 0.8  # the nodes' --outer-momentum (None: diloco-node's default, 0.9)
     compression: str | None = None
     data: tuple[str, ...] = ()
     seed: int = 0
@@ -281,6 +282,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             settings = NodeSettings(
                 run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps, eval_every=o.eval_every,
                 eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
+                outer_momentum=o.outer_momentum,
                 overrides=o.config_overrides(), allow_chaos=bool(plan.partitions) and network is None,
                 extra_args=o.node_args)
             return lambda spec, gp, hp, peers: node_argv(spec, settings, gossip_port=gp, http_port=hp, peers=peers)
@@ -354,6 +356,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
+    a("--outer-momentum", type=float, default=0.8, metavar="MU",
+      help="every node's outer Nesterov momentum (default 0.8, which a few-minute run with H = 20 trains better "
+           "with than diloco-node's 0.9: BENCHMARKS.md, issue 16)")
     a("--compression", choices=("fp32", "bf16", "int8", "int4"), help="pseudo-gradient codec (default: the node's)")
     a("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable; default: "
                                                   "the embedded corpus)")
@@ -420,7 +425,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     except ConfigError as e:
         p.error(str(e))
     data = tuple(d for item in ns.data for d in item.split(",") if d)
+    if not 0.0 <= ns.outer_momentum < 1.0:
+        p.error(f"--outer-momentum must be in [0, 1), got {ns.outer_momentum:g}")
     return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
+                   outer_momentum=ns.outer_momentum,
                    compression=ns.compression, data=data, seed=ns.seed, eval_every=ns.eval_every,
                    eval_batches=ns.eval_batches, rounds=ns.rounds, jax_cache=ns.jax_cache,
                    kill_every=ns.kill_every, downtime=ns.downtime, first_kill=ns.first_kill, settle=ns.settle,
