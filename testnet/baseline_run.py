@@ -4,7 +4,9 @@
 Same model preset and data as the nodes, one worker per node with the node's peer id as shard key
 (nodes shard their data by peer id), and as many tokens as the nodes trained in total:
 `steps = tokens / (nodes × batch_size × seq_len)`. The child writes `baseline.json`:
-`{"points": [[step, tokens, bits_per_byte], ...], "steps", "shard_keys", "seconds", "config"}`.
+`{"points": [[step, tokens, bits_per_byte], ...], "steps", "finished", "shard_keys", "seconds", "config"}`,
+after every evaluation with `finished` false, at the end with `finished` true, so a baseline stopped
+half-way (Ctrl-C) leaves the curve it trained. Its stdout lines drive `BaselineProgress` on the terminal.
 Its wall-time axis under failures is derived in the report (`testnet.report.stretch`), since a failure
 stalls data-parallel training without changing what it computes.
 
@@ -17,16 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
 from testnet.nodes import node_env
 from testnet.procs import GroupRegistry, LineReader, drain_to_log, log_tail, spawn, stop_processes
 
-__all__ = ["BaselineError", "baseline_argv", "baseline_config", "baseline_steps", "main", "run_baseline_child"]
+__all__ = ["BaselineError", "BaselineProgress", "baseline_argv", "baseline_config", "baseline_steps", "main",
+           "run_baseline_child"]
 
 
 class BaselineError(RuntimeError):
@@ -61,12 +66,50 @@ def baseline_argv(*, model: str, data: Sequence[str], seed: int, steps: int, sha
     return argv + (["--data", ",".join(data)] if data else [])
 
 
-async def run_baseline_child(argv: Sequence[str], log_path: Path, registry: GroupRegistry) -> None:
-    """Run the baseline child to completion, its output in `log_path`. Stopped (with its process group)
-    if cancelled. Raises BaselineError quoting the log if it fails."""
+class BaselineProgress:
+    """The baseline's progress on the terminal, from its child's stdout (`step N tokens T bpb X` after each
+    evaluation): one line when it starts training (the first point, after compiling), then at most one every
+    `every` seconds, and one at its last step: steps done of `steps`, tokens, the last held-out bpb, seconds
+    since the child started, and the time left at the pace measured since the first point."""
+
+    def __init__(self, steps: int, say: Callable[[str], None], *, every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.steps, self._say, self._every, self._clock = steps, say, every, clock
+        self._t0 = clock()
+        self._first: tuple[float, int] | None = None  # (time, step) of the first point
+        self._last_said = -float("inf")
+
+    def line(self, text: str) -> None:
+        """Hand one line of the child's output (others than the point lines are ignored)."""
+        match = _POINT.fullmatch(text.strip())
+        if match is None:
+            return
+        step, tokens, bpb = int(match[1]), int(match[2]), float(match[3])
+        now = self._clock()
+        if self._first is None:
+            self._first = (now, step)
+        elif now - self._last_said < self._every and step < self.steps:
+            return
+        self._last_said = now
+        t_first, s_first = self._first
+        left = ""
+        if step > s_first and step < self.steps:
+            left = f", about {(self.steps - step) * (now - t_first) / (step - s_first):.0f} s left"
+        self._say(f"data-parallel baseline: step {step:,}/{self.steps:,} ({step / self.steps:.0%}), {tokens:,} tokens, "
+                  f"held-out bpb {bpb:.3f}, {now - self._t0:.0f} s{left}")
+
+
+_POINT = re.compile(r"step (\d+) tokens (\d+) bpb ([0-9.]+)")
+
+
+async def run_baseline_child(argv: Sequence[str], log_path: Path, registry: GroupRegistry,
+                             on_line: Callable[[str], None] = lambda line: None) -> None:
+    """Run the baseline child to completion, its output in `log_path` (and each stdout line handed to
+    `on_line`, e.g. `BaselineProgress.line`). Stopped (with its process group) if cancelled or interrupted.
+    Raises BaselineError quoting the log if it fails."""
     process = await spawn(argv, log_path, registry, env=node_env())
     try:
-        await drain_to_log(LineReader(process.stdout), log_path)
+        await drain_to_log(LineReader(process.stdout), log_path, on_line)
         rc = await process.wait()
     finally:
         await stop_processes([process], registry, grace=2.0)
@@ -96,20 +139,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = [k for k in args.shard_keys.split(",") if k]
     data = [d for d in args.data.split(",") if d]
     started = time.time()
+    points: list[list] = []
+
+    def write(cfg, finished: bool) -> None:  # atomically: a reader never sees half a file
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(json.dumps({"points": points, "steps": args.steps, "finished": finished, "shard_keys": keys,
+                                   "seconds": time.time() - started, "config": cfg.as_dict()}) + "\n")
+        os.replace(tmp, args.out)
+
+    def on_point(cfg, pt) -> None:
+        points.append([pt.step, pt.tokens, pt.bits_per_byte])
+        write(cfg, finished=False)  # an interrupted baseline leaves the curve it trained
+        print(f"step {pt.step} tokens {pt.tokens} bpb {pt.bits_per_byte:.4f}", flush=True)
+
     try:
         cfg = baseline_config(args.model, data, args.seed, args.overrides)
         print(f"data-parallel baseline: {len(keys)} workers x batch {cfg.data.batch_size}, {args.steps} steps",
               flush=True)
-        points = run_baseline(cfg, steps=args.steps, shard_keys=keys, eval_every=args.eval_every,
-                              eval_batches=args.eval_batches,
-                              on_point=lambda pt: print(f"step {pt.step} tokens {pt.tokens} bpb {pt.bits_per_byte:.4f}",
-                                                        flush=True))
+        run_baseline(cfg, steps=args.steps, shard_keys=keys, eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, on_point=lambda pt: on_point(cfg, pt))
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.out.write_text(json.dumps({
-        "points": [[pt.step, pt.tokens, pt.bits_per_byte] for pt in points], "steps": args.steps,
-        "shard_keys": keys, "seconds": time.time() - started, "config": cfg.as_dict()}) + "\n")
+    write(cfg, finished=True)
     return 0
 
 

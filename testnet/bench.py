@@ -95,7 +95,7 @@ def _goodput_options(a: argparse.Namespace, *, faults: bool, overrides: tuple[st
     return Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0 if faults else 0.0, downtime=15.0, seed=a.seed,
                    baseline=a.baseline and faults, out=a.out, progress="plain", model=a.model,
                    inner_steps=a.inner_steps, solo_seconds=a.solo_seconds if faults else 0.0, slow=tuple(a.slow),
-                   overrides=overrides)
+                   overrides=overrides, outer_momentum=None)
 
 
 def bench_goodput(a: argparse.Namespace) -> None:
@@ -163,13 +163,14 @@ def _print_no_faults(r: dict[str, Any], clean: dict[str, Any]) -> None:
 
 def bench_slow(a: argparse.Namespace) -> None:
     common = dict(nodes=a.nodes, minutes=a.minutes, seed=a.seed, baseline=False, out=a.out, progress="plain",
-                  model=a.model, inner_steps=a.inner_steps)
+                  model=a.model, inner_steps=a.inner_steps, outer_momentum=None)
     slow_node = a.nodes - 1
     if a.from_runs:
         uniform, slowed = (_reload(Path(d)) for d in a.from_runs)
     else:  # the uniform run's solo phase sets the schedule's horizon; the slowed run trains on the same
         uniform = _run(Options(**common, solo_seconds=a.solo_seconds))
-        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",), overrides=_same_schedule(uniform)))
+        slowed = _run(Options(**common, slow=(f"{slow_node}:{a.factor:g}",), overrides=_same_schedule(uniform),
+                              solo_seconds=0.0))
     fast = [str(n) for n in range(a.nodes) if n != slow_node]
     tps_u = [uniform["throughput"]["tokens_per_s"].get(n) for n in fast]
     tps_s = [slowed["throughput"]["tokens_per_s"].get(n) for n in fast]

@@ -6,8 +6,10 @@ data-parallel baseline, and a report.
     diloco-testnet --slow 2:4 --partition 40:60:0 --misbehave 1:garbage --wan 2gbit,30ms
 
 Stages, each cleaning up after itself (also on Ctrl-C or SIGTERM): optional solo run (overlap), the
-testnet (supervisor + live progress), the baseline (child process), the report (`report.md`,
-`report.json`, `loss.png` in the run directory). `run_testnet(options)` is the same thing for scripts.
+testnet (supervisor + live progress), the baseline (child process, its progress on the terminal), the
+report (`report.md`, `report.json`, `loss.png` in the run directory). Interrupted at any stage after the
+nodes started, it still writes the report of what ran (`testnet.finish`). `run_testnet(options)` is the
+same thing for scripts.
 
 Every input that can be checked cheaply is checked before any node starts (flag values, the fault plan,
 `--wan`, `--data` sources, `--out` and `--jax-cache` writable). After the run, `testnet.outcome` judges
@@ -20,7 +22,8 @@ Exit status (EXIT_STATUS, also in `--help`):
          report marked failed stay in the run directory)
     2    bad arguments (one line naming the flag), or the nodes could not be started (a node never
          printed LISTENING: its log is quoted), or the WAN emulation could not be set up
-    130  interrupted (Ctrl-C, SIGTERM, SIGHUP): every node was stopped
+    130  interrupted (Ctrl-C, SIGTERM, SIGHUP): every process was stopped, and the report of what ran
+         written (n/a for what did not happen, e.g. the baseline's figures if it had not started)
 """
 
 from __future__ import annotations
@@ -39,16 +42,16 @@ from typing import Any, NoReturn
 
 import trio
 
-from testnet.baseline_run import BaselineError, baseline_argv, baseline_steps, run_baseline_child
+from testnet.baseline_run import BaselineError, BaselineProgress, baseline_argv, baseline_steps, run_baseline_child
 from testnet.checks import UsageError, check_data, check_writable_dir
 from testnet.faults import FaultPlan, PlanError, make_plan, parse_misbehave, parse_partition, parse_slow
+from testnet.finish import Stage, final_report, interrupted_report, verdict
 from testnet.horizon import Pace, horizon_steps
-from testnet.nodes import NodeSettings, NodeSpec, node_argv, node_env, prepare_nodes
-from testnet.outcome import RunFailed, assess
+from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
+from testnet.outcome import RunFailed
 from testnet.procs import GroupRegistry, NodeStartError
 from testnet.progress import Progress
 from testnet.record import Recorder, RunMeta, load_run
-from testnet.report import alerts, to_markdown, write_report
 from testnet.supervisor import ArgvBuilder, ChaosPartitioner, NetnsPartitioner, Supervisor
 from testnet.timeline import Timeline
 from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
@@ -56,7 +59,8 @@ from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
 __all__ = ["EXIT_STATUS", "Options", "build_plan", "check_inputs", "main", "parse_args", "run_testnet"]
 
 EXIT_STATUS = {0: "the run worked", 1: "the run failed (every node failed, no node trained, or the baseline failed)",
-               2: "bad arguments, or the nodes could not be started", 130: "interrupted"}
+               2: "bad arguments, or the nodes could not be started",
+               130: "interrupted (the report of what ran is written)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Options:
     minutes: float = 2.0
     model: str = "tiny"
     inner_steps: int = 20
+    outer_momentum: float | None = 0.8  # the nodes' --outer-momentum (None: diloco-node's default, 0.9)
     compression: str | None = None
     data: tuple[str, ...] = ()
     seed: int = 0
@@ -82,7 +87,7 @@ class Options:
     misbehave: tuple[str, ...] = ()
     wan: str | None = None
     baseline: bool = True
-    solo_seconds: float = 0.0
+    solo_seconds: float = 20.0  # the solo phase: the nodes' pace sets the schedule's horizon (and overlap)
     out: Path = Path("runs")
     progress: str = "auto"
     start_timeout: float = 180.0
@@ -204,7 +209,8 @@ async def _solo(o: Options, run_dir: Path, argv_builder,
     specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
     (solo_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
-    _say(f"solo run: {o.nodes} isolated nodes for {o.solo_seconds:g} s (for the overlap figure)")
+    _say(f"solo run: {o.nodes} isolated nodes for {o.solo_seconds:g} s (their pace sets the learning-rate schedule "
+         "to end with the run; the overlap figure)")
     meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs])
     await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
                      registry=registry, bootstrap=False)
@@ -235,16 +241,19 @@ def _pace_schedule(o: Options, rates: dict[int, float], startups: list[float]) -
     return paced
 
 
-async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry | None = None) -> Path:
+async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry | None = None,
+                      stage: Stage | None = None) -> Path:
     """Run every stage (see module doc) and return the run directory.
 
     `argv_builder(specs)` may replace the `diloco-node` command line (tests); it returns an `ArgvBuilder`.
-    Every process started is registered in `registry` (for a last-resort `kill_all_now`).
+    Every process started is registered in `registry` (for a last-resort `kill_all_now`); `stage` follows
+    where the run is (for the report after an interrupt, `testnet.finish`).
     Raises, each with a message for the user: UsageError (bad options, before anything starts),
     NodeStartError or WanError (the testnet could not start), RunFailed (see `testnet.outcome`; the run
     directory holds the records and a report marked failed), BaselineError.
     """
     registry = GroupRegistry() if registry is None else registry
+    stage = Stage() if stage is None else stage
     plan = check_inputs(o)
     for line in plan.describe():
         _say(line)
@@ -252,7 +261,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         _say(f"config overrides (nodes and baseline): {' '.join(o.config_overrides())}")
     if o.plan_only:
         return Path()
-    run_dir = _new_run_dir(o.out)
+    run_dir = stage.run_dir = _new_run_dir(o.out)
     _say(f"run directory: {run_dir}")
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
     network: WanNetwork | None = None
@@ -273,6 +282,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             settings = NodeSettings(
                 run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps, eval_every=o.eval_every,
                 eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
+                outer_momentum=o.outer_momentum,
                 overrides=o.config_overrides(), allow_chaos=bool(plan.partitions) and network is None,
                 extra_args=o.node_args)
             return lambda spec, gp, hp, peers: node_argv(spec, settings, gossip_port=gp, http_port=hp, peers=peers)
@@ -280,6 +290,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         builder = argv_builder or default_builder
         solo_rates = None
         if o.solo_seconds > 0:
+            stage.name = "solo"
             solo_rates, startups = await _solo(o, run_dir, builder, registry)
             o = _pace_schedule(o, solo_rates, startups)
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
@@ -292,44 +303,32 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                               "config_overrides": list(o.config_overrides())})
         if solo_rates is not None:
             (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": list(solo_rates.values())}))
+        stage.name = "nodes"
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
                          registry=registry, network=network)
     finally:
         if network is not None:
             for error in network.teardown():
                 _say(f"warning: WAN cleanup: {error}")
-    warnings = _verdict(run_dir, specs)
+    warnings = verdict(run_dir, specs)
     if o.baseline:
+        stage.name = "baseline"
         await _baseline(o, run_dir, meta, registry)
-    fig = write_report(run_dir)
-    _say(to_markdown(fig))
-    for warning in warnings + alerts(fig):
-        _say(f"warning: {warning}")
-    _say(f"report: {run_dir / 'report.md'}, {run_dir / 'report.json'}, {run_dir / 'loss.png'}")
-    checkpoints = run_dir / "checkpoints" / "node-0"
-    _say(f"the model: diloco-sample {checkpoints} (text), diloco-export {checkpoints} -o model.safetensors")
+    stage.name = "report"
+    final_report(run_dir, warnings, _say)
     return run_dir
-
-
-def _verdict(run_dir: Path, specs: list[NodeSpec]) -> list[str]:
-    """Judge the recorded run (`testnet.outcome`): raise RunFailed, after writing the report of what
-    there is, if it failed; otherwise return one warning per failed node (others trained on)."""
-    outcome = assess(Timeline(load_run(run_dir)))
-    details = outcome.describe(lambda node: specs[node].log_path)
-    if outcome.failed:
-        write_report(run_dir)
-        raise RunFailed(f"run failed: {'; '.join(outcome.problems)}; records and a report marked failed in "
-                        f"{run_dir}", run_dir, details)
-    return details
 
 
 async def _baseline(o: Options, run_dir: Path, meta: RunMeta, registry: GroupRegistry) -> None:
     tokens = Timeline(load_run(run_dir)).total_at("tokens", meta.t_end)
     steps = baseline_steps(tokens, o.nodes, o.model, o.config_overrides())
-    _say(f"data-parallel baseline: {o.nodes} workers, {steps} synchronous steps ({tokens:,.0f} tokens, as the nodes)")
+    _say(f"data-parallel baseline: {o.nodes} workers, {steps} synchronous steps ({tokens:,.0f} tokens, as the nodes); "
+         "compiling, then its progress every 10 s")
     argv = baseline_argv(model=o.model, data=o.data, seed=o.seed, steps=steps, shard_keys=meta.peer_ids,
                          out=run_dir / "baseline.json", eval_batches=o.eval_batches, overrides=o.config_overrides())
-    await run_baseline_child(argv, run_dir / "baseline.log", registry)
+    progress = BaselineProgress(steps, _say) if o.progress != "quiet" else None
+    await run_baseline_child(argv, run_dir / "baseline.log", registry,
+                             on_line=progress.line if progress else lambda line: None)
 
 
 def _jsonable(o: Options) -> dict[str, Any]:
@@ -349,13 +348,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         description="Run N diloco nodes on this machine with chaos from a seeded plan, the synchronous "
                     "data-parallel baseline on the same data, and write a report (table, JSON, loss plot).",
         epilog="Times in --partition and the plan count from the first node's launch. Ctrl-C stops every\n"
-               "node cleanly. Results go to OUT/<timestamp>/ (node logs, status time series, report).\n\n"
+               "process cleanly and writes the report of what ran. Results go to OUT/<timestamp>/ (node logs,\n"
+               "status time series, report).\n\n"
                "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUS.items()))
     a = p.add_argument
     a("--nodes", type=int, default=3, help="number of nodes (default 3)")
     a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
+    a("--outer-momentum", type=float, default=0.8, metavar="MU",
+      help="every node's outer Nesterov momentum (default 0.8, which a few-minute run with H = 20 trains better "
+           "with than diloco-node's 0.9: BENCHMARKS.md, issue 16)")
     a("--compression", choices=("fp32", "bf16", "int8", "int4"), help="pseudo-gradient codec (default: the node's)")
     a("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable; default: "
                                                   "the embedded corpus)")
@@ -385,9 +388,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
            "needs root and iproute2, otherwise says why and runs on loopback")
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
-    a("--solo-seconds", type=float, default=0.0, metavar="S",
-      help="first run every node alone for S seconds, for the overlap figure; without --rounds it also sets the "
-           "learning-rate schedule to span the run at the measured pace (default 0 = skip)")
+    a("--solo-seconds", type=float, default=20.0, metavar="S",
+      help="first run every node alone for S seconds: without --rounds the measured pace sets the learning-rate "
+           "schedule to end with the run (else the preset's horizon applies, 10,000 steps for tiny), and the "
+           "overlap figure (default 20; 0 = skip)")
     a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")
     a("--progress", choices=("auto", "rich", "plain", "quiet"), default="auto",
       help="live table (rich), periodic lines (plain), events only (quiet); auto = rich on a terminal")
@@ -421,7 +425,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     except ConfigError as e:
         p.error(str(e))
     data = tuple(d for item in ns.data for d in item.split(",") if d)
+    if not 0.0 <= ns.outer_momentum < 1.0:
+        p.error(f"--outer-momentum must be in [0, 1), got {ns.outer_momentum:g}")
     return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
+                   outer_momentum=ns.outer_momentum,
                    compression=ns.compression, data=data, seed=ns.seed, eval_every=ns.eval_every,
                    eval_batches=ns.eval_batches, rounds=ns.rounds, jax_cache=ns.jax_cache,
                    kill_every=ns.kill_every, downtime=ns.downtime, first_kill=ns.first_kill, settle=ns.settle,
@@ -441,12 +448,16 @@ def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
     previous.update({sig: signal.signal(sig, lambda s, f: os.kill(os.getpid(), signal.SIGINT))
                      for sig in (signal.SIGTERM, signal.SIGHUP)})
-    registry = GroupRegistry()
+    registry, stage = GroupRegistry(), Stage()
     try:
-        trio.run(functools.partial(run_testnet, options, argv_builder=argv_builder, registry=registry))
+        trio.run(functools.partial(run_testnet, options, argv_builder=argv_builder, registry=registry, stage=stage))
     except KeyboardInterrupt:
-        print("interrupted: every node was stopped; records are in the run directory "
-              "(`python -m testnet.report RUN_DIR` makes a report from them)", file=sys.stderr)
+        print("interrupted: every process was stopped", file=sys.stderr)
+        try:
+            interrupted_report(stage, _say)
+        except KeyboardInterrupt:
+            print("interrupted again: no report (`python -m testnet.report RUN_DIR` makes one from the records)",
+                  file=sys.stderr)
         return 130
     except UsageError as e:
         print(f"diloco-testnet: error: {e}", file=sys.stderr)

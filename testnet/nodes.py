@@ -58,6 +58,7 @@ class NodeSettings:
     compression: str | None = None
     allow_chaos: bool = False
     overrides: tuple[str, ...] = ()  # KEY=VALUE config overrides, each passed as --set
+    outer_momentum: float | None = None  # --outer-momentum (None: the node's default)
     extra_args: tuple[str, ...] = ()
 
 
@@ -103,6 +104,8 @@ def node_argv(spec: NodeSpec, settings: NodeSettings, *, gossip_port: int, http_
         argv += ["--data", ",".join(settings.data)]
     if settings.compression:
         argv += ["--compression", settings.compression]
+    if settings.outer_momentum is not None:
+        argv += ["--outer-momentum", f"{settings.outer_momentum:g}"]
     if spec.slowdown != 1.0:
         argv += ["--slowdown", f"{spec.slowdown:g}"]
     if spec.misbehave:

@@ -2,7 +2,7 @@
 times and held-out loss, for the testnet and for the synchronous data-parallel baseline.
 
 `compute(record)` is pure (a `RunRecord` in, a JSON-ready dict out); `write_report(run_dir)` loads
-the run directory and writes `report.json`, `report.md` and `loss.png`. Definitions (DESIGN.md):
+the run directory and writes `report.json`, `report.md` and `loss.png`. Definitions (docs/design.md, "Figures"):
 
 - goodput: Σ over nodes and processes of `contributed_step_seconds` earned inside the window ÷
   (nodes × window), the window running from when every node first reported `training` (start-up of
@@ -41,7 +41,8 @@ A figure that was not measured is `null` in the JSON and "n/a" in the table, nev
 `/status` answer at all, goodput, rejections, byte and token counts; agreement without any digest seen; "restarted
 nodes rejoined" without a restarted process that could join; loss jumps without a restart or without an
 evaluation to compare. The data-parallel goodput figures, and its loss at equal wall time, are a model, not
-a measurement: the table marks them "(model)" and "(assumed)", the JSON says so in `basis`.
+a measurement: the table (`testnet.report_md`) marks them "(modelled)" and "(assumed)", the JSON says so in
+`basis`. An interrupted baseline (`baseline_run`) counts as far as it trained.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from testnet.loss_jumps import banner, loss_after_restarts
+from testnet.loss_jumps import loss_after_restarts
 from testnet.outcome import assess
 from testnet.quality import at_equal_tokens, at_equal_wall_time, dp_curve, stretch
 from testnet.record import RunRecord, load_run
+from testnet.report_md import alerts, to_markdown
 from testnet.timeline import Timeline, clip_length
 
 __all__ = ["alerts", "compute", "dp_bytes_per_step", "main", "stretch", "to_markdown", "write_report"]
@@ -269,14 +271,18 @@ def compute(record: RunRecord) -> dict[str, Any]:
     equal_tokens = at_equal_tokens(curves["nodes"], honest, base_points)
     equal_time = at_equal_wall_time(late_evals, base_points, start=start, stalls=stalls, step_s=dp_step_s)
     equal_time["from_s"] = _round(late_from - tl.t_launch, 2)
-    base_final = base_points[-1][2] if base_points else None
+    baseline_run = _baseline_run(record)
+    base_final = base_points[-1][2] if base_points and baseline_run["state"] == "measured" else None
     mean_final = statistics.mean(finals.values()) if finals else None
     return {
         "run": {"nodes": meta.nodes, "model": meta.model, "inner_steps": meta.inner_steps, "param_count": params,
                 "wan": meta.wan, "seed": meta.seed, "plan": plan.fingerprint(), "interrupted": meta.interrupted,
                 "duration_s": _round(tl.t_end - tl.t_launch, 2),
                 "all_training_at_s": _round(t_ready - tl.t_launch, 2) if t_ready is not None else None,
-                "window_s": _round(window, 2), "honest_nodes": list(honest), "restarts": sum(i.inc > 0 for i in tl.incs.values())},
+                "window_s": _round(window, 2), "honest_nodes": list(honest),
+                "restarts": sum(i.inc > 0 for i in tl.incs.values()), "faults": _faults(plan), "compression": meta.compression,
+                "stopped_during": meta.extra.get("stopped_during")},
+        "baseline_run": baseline_run,
         "goodput": {"value": _round(goodput), "from_launch": _round(from_launch), "per_node": [_round(g) for g in per_node],
                     "never_killed": _round(statistics.mean(unkilled)) if unkilled else None},
         "baseline_goodput": {"same_failures": _round(dp_same), "no_failures": _round(slow_eff),
@@ -312,112 +318,32 @@ def compute(record: RunRecord) -> dict[str, Any]:
     }
 
 
+def _faults(plan) -> list[str]:
+    """The plan's faults in a few words each (empty: no faults)."""
+    out = [f"{len(plan.kills)} kill{'s' * (len(plan.kills) != 1)} and restart{'s' * (len(plan.kills) != 1)}"] \
+        if plan.kills else []
+    out += [f"node {node} {factor:g}x slower" for node, factor in plan.slow]
+    out += [f"{len(plan.partitions)} partition{'s' * (len(plan.partitions) != 1)}"] if plan.partitions else []
+    out += [f"node {node} misbehaving ({mode})" for node, mode in plan.misbehave]
+    return out
+
+
+def _baseline_run(record: RunRecord) -> dict[str, Any]:
+    """What the data-parallel baseline did: `measured` (finished), `interrupted` (its child writes
+    `baseline.json` after every evaluation, `finished` false until the last), `skipped` (--no-baseline) or
+    `not run` (the run stopped before it, or it was stopped before its first evaluation)."""
+    base = record.baseline
+    if base is None:
+        skipped = record.meta.extra.get("options", {}).get("baseline") is False
+        return {"state": "skipped" if skipped else "not run", "steps": None, "steps_done": None, "tokens": None}
+    points = base.get("points", [])
+    done = points[-1][0] if points else 0
+    return {"state": "interrupted" if base.get("finished") is False else "measured", "steps": base.get("steps"),
+            "steps_done": done, "tokens": points[-1][1] if points else None}
+
+
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
     return {k: _round(v) if isinstance(v, float) else v for k, v in d.items()}
-
-
-def _fmt(value: Any, spec: str = ".3f", tag: str = "") -> str:
-    """`value` formatted, with `tag` after it; "n/a" when it was not measured (None)."""
-    return "n/a" if value is None else format(value, spec) + tag
-
-
-def _yes_no(value: bool | None, yes: str = "yes", no: str = "NO") -> str:
-    return "n/a" if value is None else yes if value else no
-
-
-def _memory_cell(memory: dict[str, Any] | None) -> str:
-    peaks = (memory or {}).get("peak_rss_bytes") or {}
-    return ", ".join(f"node {k}: {v / 2**30:.2f} GiB" for k, v in peaks.items()) or "n/a"
-
-
-def to_markdown(fig: dict[str, Any]) -> str:
-    """The report's table (one row per figure) plus join times and rejections."""
-    run, gp, dp, comm = fig["run"], fig["goodput"], fig["baseline_goodput"], fig["communication"]
-    ag, q, ov, outcome = fig["agreement"], fig["quality"], fig["overlap"], fig["outcome"]
-    at_time, at_tokens, jumps = q["at_equal_wall_time"], q["at_equal_tokens"], fig["loss_after_restarts"]
-    rejected = fig["rejections"]["total"]
-    rows = [
-        ("goodput", _fmt(gp["value"]), f"from launch {_fmt(gp['from_launch'])}; nodes never killed "
-         f"{_fmt(gp['never_killed'])}; window {run['window_s']} s"),
-        ("data-parallel goodput, same failures", _fmt(dp["same_failures"], tag=" (model)"),
-         f"stalled {dp['stalled_s']} s; upper bound: no start-up, lost work or all-reduce time"),
-        ("data-parallel goodput, no failures", _fmt(dp["no_failures"], tag=" (assumed)"),
-         "not measured: perfect scaling, the slowest worker sets the pace"),
-        ("goodput ÷ data-parallel", _fmt(dp["ratio"], ".2f"), ""),
-        ("held-out bpb ÷ data-parallel, same failures, equal wall time", _fmt(at_time["ratio"], tag=" (model)"),
-         f"nodes {_fmt(at_time['nodes_bpb'])}, data-parallel {_fmt(at_time['dp_same_failures_bpb'])} (modelled: "
-         f"the fault-free baseline stalled by this run's outages and partitions) at the moments of the "
-         f"{at_time['evaluations']} evaluations from {at_time['from_s']} s on"
-         + (f"; {at_time['left_out']} left out (the model past the baseline's tokens)" if at_time["left_out"] else "")),
-        ("held-out bpb ÷ data-parallel, equal tokens", _fmt(at_tokens["ratio"]),
-         f"nodes {_fmt(at_tokens['nodes_bpb'])}, data-parallel {_fmt(at_tokens['dp_bpb'])} (measured) at the "
-         f"{at_tokens['evaluations']} evaluations at {at_tokens['tokens_from']:,}..{at_tokens['tokens_to']:,} "
-         "tokens"),
-        ("loss jump after restart", _yes_no(jumps["loss_rose"], f"YES ({jumps['jumps']})", "none"),
-         _jumps_detail(jumps)),
-        ("communication ratio (all-reduce ÷ ours)", _fmt(comm["ratio"], ".1f"),
-         f"{_fmt(comm['bytes_per_node_step'], ',.0f')} B vs {_fmt(comm['dp_bytes_per_step'], ',.0f')} B per node-step; "
-         f"once all train (no start-up state downloads) {_fmt(comm.get('steady_ratio'), '.1f')}"),
-        ("overlap (steps/s network ÷ alone)", _fmt(ov["value"]), ov["note"] or "alone = every node isolated at "
-         "once; with nodes sharing cores, > 1 means the network run left each node more CPU"),
-        ("replica agreement", _yes_no(ag["ok"], "ok", "NOT OK"),
-         f"{ag['conflicts']} conflicts in {ag['ledgers_seen']} ledgers; pairs met after quiet "
-         f"{ag['pairs_met_after_quiet']}/{ag['pairs']}"
-         + ("" if ag["finished_equal"] is None else f"; final digests equal: {ag['finished_equal']}")),
-        ("updates rejected", "n/a" if rejected is None else str(sum(rejected.values())),
-         "" if rejected is None else ", ".join(f"{k}: {v}" for k, v in rejected.items()) or "none"),
-        ("restarted nodes rejoined", _yes_no(fig["rejoined"]), f"{run['restarts']} restarts"),
-        ("nodes failed", str(len(outcome["failed_nodes"])),
-         "; ".join(f"node {f['node']}: {f['reason']}" for f in outcome["failed_nodes"]) or "none"),
-        ("held-out bpb (mean of nodes)", _fmt(q["mean_final_bpb"]), f"baseline {_fmt(q['baseline_final_bpb'])}, "
-         f"ratio {_fmt(q['ratio_to_baseline'], '.4f')}; mean of the last 20% of the run {_fmt(q['late_mean_bpb'])}"),
-        ("tokens trained", _fmt(fig["throughput"]["total_tokens"], ","), ""),
-        ("peak memory per node (RSS)", _memory_cell(fig.get("memory")), "the most each node's processes reported"),
-    ]
-    out = [f"# Testnet report: {run['nodes']} nodes, model {run['model']}, plan {run['plan']}", ""]
-    if outcome["failed"]:
-        out += [f"**The run failed**: {'; '.join(outcome['problems'])}.", ""]
-    if run["interrupted"]:
-        out += ["**Interrupted**: the run was stopped before its end.", ""]
-    banners = alerts(fig)
-    out += [f"**{line}**" for line in banners] + ([""] if banners else [])
-    out += ["| figure | value | detail |", "|---|---|---|"]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    shares = (fig.get("time") or {}).get("never_killed", {}).get("fractions")
-    if shares:
-        out += ["", "Where the time of nodes never killed went (share of their processes' wall time):", "",
-                " · ".join(f"{k} {v:.3f}" for k, v in shares.items())]
-    out += ["", "| node | process | join (s) | recovery after kill (s) | killed |", "|---|---|---|---|---|"]
-    out += [f"| {j['node']} | {j['process']} | {_fmt(j['join_s'], '.1f')} | {_fmt(j['recovery_s'], '.1f')} | "
-            f"{'yes' if j['killed'] else ''} |" for j in fig["joins"]]
-    if jumps["restarts"]:
-        out += ["", f"Held-out evaluations of never-killed nodes (observers {jumps['observers']}) more than "
-                f"{jumps['threshold']:.0%} above their previous one, from each restart through their next "
-                f"{jumps['evals_after_join']} evaluations after the restarted process's first update:", "",
-                "| restarted node | process | at (s) | first update (s) | loss jumps (node: bpb before -> after) |",
-                "|---|---|---|---|---|"]
-        out += [f"| {r['node']} | {r['process']} | {r['at_s']:.1f} | {_fmt(r['joined_at_s'], '.1f')} | "
-                + ("; ".join(f"node {j['node']} at {j['at_s']:.0f} s: {j['before']:.3f} -> {j['after']:.3f} "
-                             f"(+{j['rise']:.1%})" for j in r["jumps"]) or "none") + " |" for r in jumps["restarts"]]
-    return "\n".join(out) + "\n"
-
-
-def _jumps_detail(jumps: dict[str, Any]) -> str:
-    if jumps["loss_rose"] is None:
-        return jumps["note"]
-    detail = (f"{jumps['restarts_with_jumps']} of {len(jumps['restarts'])} restarts followed by an evaluation of a "
-              f"never-killed node > {jumps['threshold']:.0%} above its previous one "
-              f"({jumps['evaluations_compared']} compared)")
-    worst = jumps["worst"]
-    return detail + ("" if worst is None else f"; worst node {worst['node']} {worst['before']:.3f} -> "
-                     f"{worst['after']:.3f} (+{worst['rise']:.1%}) at {worst['at_s']:.0f} s")
-
-
-def alerts(fig: dict[str, Any]) -> list[str]:
-    """Sentences that must not go unseen (report.md's first lines, `diloco-testnet`'s last): today, a
-    held-out loss that rose after a restart (`testnet.loss_jumps`)."""
-    line = banner(fig["loss_after_restarts"])
-    return [line] if line else []
 
 
 def write_report(run_dir: Path) -> dict[str, Any]:

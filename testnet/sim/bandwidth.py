@@ -1,8 +1,9 @@
 """Cross-island bandwidth: synchronous data-parallel against ours, per island (node), in closed form.
 
 Data-parallel all-reduces the full gradient every inner step with a ring over the ``N`` islands: each
-island sends (and receives) ``2 (N−1)/N · params · dp_bits/8`` bytes per step (DESIGN.md's definition,
-fp32 by default). Ours moves one ``bits``-bit pseudo-gradient per island per ``H`` inner steps:
+island sends (and receives) ``2 (N−1)/N · params · dp_bits/8`` bytes per step (the definition of
+docs/design.md, "Figures"; fp32 by default). Ours moves one ``bits``-bit pseudo-gradient per island per
+``H`` inner steps:
 
 * ``ring``: all-reduced like DP (the paper's syncer, which all-reduces fragments):
   ``2 (N−1)/N · params · bits/8 / H`` bytes per island per step;
@@ -107,7 +108,7 @@ class MeasuredComparison:
 
     @property
     def measured_ratio_vs_dp(self) -> float:
-        """DESIGN.md's communication ratio: DP ring all-reduce bytes ÷ bytes actually sent."""
+        """The communication ratio (docs/design.md, "Figures"): DP ring all-reduce bytes ÷ bytes actually sent."""
         return self.dp_bytes_per_step / self.measured_bytes_per_step
 
 

@@ -17,7 +17,8 @@ Slot counters drift apart: each learner closes one slot per round, and learners 
 of time to failures. With ``slot_catch_up`` (default) a learner that has seen a peer's update tagged
 ``s`` knows slot ``s`` was closed, and fast-forwards to it when it publishes or closes (closing the skipped
 slots with the updates it held for them), so its update is tagged with the latest slot it knows — our
-reading of DESIGN.md's "the latest slot its sender knew". Without it, laggards' updates go stale.
+reading of "the slot its sender had reached" (docs/design.md, "The ledger and its slots"; PROTOCOL.md §11c,
+"Slots"). Without it, laggards' updates go stale.
 
 Contract: :meth:`round_done` / :meth:`poll` are called only for a group in HOLD, after it was advanced
 to ``now``; the engine then reschedules the group (its wake is :meth:`wake_at`).

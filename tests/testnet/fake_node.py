@@ -6,7 +6,8 @@ Test knobs: `--ignore-term` (survive SIGTERM, so only SIGKILL stops it), `--gran
 sleeping child in the same process group and write its pid to `<checkpoint-dir>/grandchild.pid`),
 `--die-before-listening` (print an error to stderr and exit 3), `--exit-after-listening CODE` (print
 LISTENING, then an error to stderr, and exit CODE at once, as a node with a bad --data source does),
-`--finish-after S` (print a STOPPED line and exit 0 after S seconds, as a node does after --max-rounds).
+`--finish-after S` (print a STOPPED line and exit 0 after S seconds, as a node does after --max-rounds),
+`--tokens-per-step N` (the tokens its counters report per step, 100 by default).
 """
 
 import argparse
@@ -38,6 +39,7 @@ def main():
     p.add_argument("--die-before-listening", action="store_true")
     p.add_argument("--exit-after-listening", type=int, default=None, metavar="CODE")
     p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
+    p.add_argument("--tokens-per-step", type=int, default=100, help="tokens each of its 10 steps/s counts")
     args = p.parse_args()
     started = time.time()
     if args.die_before_listening:
@@ -70,7 +72,7 @@ def main():
             now = time.time()
             steps = int((now - started) * 10)
             self._json({"peer_id": args.peer_id, "state": "training", "slot": steps // 5, "round": steps // 5,
-                        "inner_steps": steps, "tokens": steps * 100, "loss": 3.0, "eval_loss": None,
+                        "inner_steps": steps, "tokens": steps * args.tokens_per_step, "loss": 3.0, "eval_loss": None,
                         "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
                         "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
                         "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",

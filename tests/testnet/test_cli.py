@@ -58,6 +58,24 @@ def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_
     assert (cfg.inner.lr, cfg.inner.total_steps) == (1e-3, 100)
 
 
+def test_the_demo_defaults_span_the_schedule_and_set_the_outer_momentum(tmp_path: Path) -> None:
+    from testnet.nodes import NodeSettings, NodeSpec, node_argv
+
+    o = parse_args([])
+    assert o.solo_seconds == 20.0 and o.outer_momentum == 0.8, "the solo phase's pace sets the schedule"
+    spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
+
+    def momentum(settings: NodeSettings) -> list[str]:
+        argv = node_argv(spec, settings, gossip_port=0, http_port=0, peers=())
+        return [argv[i + 1] for i, a in enumerate(argv) if a == "--outer-momentum"]
+
+    assert momentum(NodeSettings(run_id="r", outer_momentum=o.outer_momentum)) == ["0.8"]
+    assert momentum(NodeSettings(run_id="r")) == [], "None: the node's own default"
+    assert parse_args(["--outer-momentum", "0.9"]).outer_momentum == 0.9
+    with pytest.raises(SystemExit):
+        parse_args(["--outer-momentum", "1"])
+
+
 def test_a_measured_pace_sets_the_schedule_of_a_timed_run() -> None:
     import dataclasses
 
@@ -94,7 +112,8 @@ def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
 
 async def test_a_whole_run_writes_the_report_and_stops_everything(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    o = Options(nodes=3, minutes=0.06, kill_every=1.0, downtime=0.6, settle=0.5, baseline=False, out=tmp_path,
+    o = Options(nodes=3, minutes=0.06, kill_every=1.0, downtime=0.6, settle=0.5, baseline=False, solo_seconds=0,
+                out=tmp_path,
                 progress="plain", poll_interval=0.1, wan="2gbit,30ms", stop_grace=2)
     registry = GroupRegistry()
     with trio.fail_after(60):
@@ -118,7 +137,8 @@ DRIVER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from testnet.cli import main
     from testnet_helpers import fake_argv
-    sys.exit(main(["--minutes", "10", "--out", {out!r}, "--progress", "quiet", "--stop-grace", "1"],
+    sys.exit(main(["--minutes", "10", "--out", {out!r}, "--progress", "quiet", "--stop-grace", "1",
+                   "--solo-seconds", "0"],
                   argv_builder=lambda specs: fake_argv("--ignore-term")))
 """)
 
@@ -150,7 +170,13 @@ async def test_sigterm_stops_a_background_testnet(tmp_path: Path) -> None:
     assert len(pids) == 3 and not [p for p in pids if alive(p)]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["interrupted"] is True and meta["t_end"] > meta["t_launch"] > 0
-    assert main_report(run_dir)["run"]["nodes"] == 3  # a report can still be made from the records
+    assert meta["extra"]["stopped_during"] == "nodes"
+    # the testnet wrote the report of what ran: the nodes' figures, the baseline's n/a
+    assert "**Interrupted**: the nodes were stopped before the end of the run" in (run_dir / "report.md").read_text()
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["baseline_run"]["state"] == "not run" and report["quality"]["at_equal_tokens"]["ratio"] is None
+    assert report["run"]["interrupted"] and report["run"]["stopped_during"] == "nodes"
+    assert main_report(run_dir)["run"]["nodes"] == 3  # and it can be made again from the records
 
 
 def main_report(run_dir: Path) -> dict:

@@ -15,7 +15,7 @@ from testnet.cli import main
 from testnet.procs import alive
 from testnet_helpers import events, fake_argv
 
-FAST = ["--progress", "quiet", "--no-baseline", "--poll-interval", "0.1", "--stop-grace", "2"]
+FAST = ["--progress", "quiet", "--no-baseline", "--solo-seconds", "0", "--poll-interval", "0.1", "--stop-grace", "2"]
 
 
 def never_started(specs):  # an ArgvBuilder that fails the test if any node is started
@@ -113,7 +113,8 @@ def test_one_node_dying_is_reported_but_the_others_train_on(tmp_path: Path,
                 argv_builder=lambda specs: fake_argv(per_node={1: ["--exit-after-listening", "2"]}))
     assert code == 0
     out = capsys.readouterr().out
-    assert "| nodes failed | 1 | node 1: exited by itself with status 2 |" in out
+    assert "| nodes failed | 1 | nodes that exited by themselves or did not come back: node 1: exited by itself with " \
+        "status 2 |" in out
     assert "warning: node 1 (process 0) exited by itself with status 2; last lines of " in out
     assert "fatal: data source '/nonexistent' does not exist" in out
     report = json.loads((next(tmp_path.glob("2*")) / "report.json").read_text())

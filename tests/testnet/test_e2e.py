@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("node.cli") is None,
                                        "this end-to-end test runs once it lands")
 
 OPTIONS = dict(nodes=3, minutes=4.0, rounds=40, inner_steps=20, eval_every=2, kill_every=1000.0, first_kill=25.0,
-               downtime=5.0, baseline=False, progress="plain", stop_grace=20.0, start_timeout=120.0)
+               downtime=5.0, baseline=False, solo_seconds=0.0, progress="plain", stop_grace=20.0, start_timeout=120.0)
 
 
 async def test_three_nodes_one_kill_and_restart(tmp_path: Path) -> None:

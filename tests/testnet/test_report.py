@@ -68,7 +68,7 @@ def test_goodput_and_data_parallel_goodput() -> None:
     assert fig["baseline_goodput"]["basis"].startswith("model, not measured")
     md = to_markdown(fig)
     assert "| data-parallel goodput, no failures | 1.000 (assumed) |" in md
-    assert "| data-parallel goodput, same failures | 0.562 (model) |" in md
+    assert "| data-parallel goodput, same failures | 0.562 (modelled) |" in md
 
 
 def test_communication_ratio() -> None:
@@ -99,7 +99,9 @@ def test_a_restart_that_never_published_is_not_rejoined() -> None:
     # restarted process, whether restarted nodes rejoin was not observed at all
     rec.events.append({"t": 1019.0, "node": 1, "inc": 1, "event": "kill", "pid": 2})
     fig = compute(rec)
-    assert fig["rejoined"] is None and "| restarted nodes rejoined | n/a | 1 restarts |" in to_markdown(fig)
+    assert fig["rejoined"] is None
+    assert "| restarted nodes rejoined | n/a | every restarted process published an update again; 1 restarts |" \
+        in to_markdown(fig)
     assert [j["killed"] for j in fig["joins"] if j["node"] == 1] == [True, True]
 
 
@@ -111,7 +113,8 @@ def test_rejoined_is_not_applicable_without_restarts() -> None:
     fig = compute(rec)
     assert fig["run"]["restarts"] == 0 and fig["rejoined"] is None
     md = to_markdown(fig)
-    assert "| restarted nodes rejoined | n/a | 0 restarts |" in md and "| restarted nodes rejoined | yes" not in md
+    assert "| restarted nodes rejoined | n/a | every restarted process published an update again; 0 restarts |" in md
+    assert "| restarted nodes rejoined | yes" not in md
     assert json.loads(json.dumps(fig))["rejoined"] is None  # null in report.json
 
 
@@ -217,7 +220,8 @@ def test_a_run_without_measurements_shows_nothing_as_measured() -> None:
     assert md.splitlines()[2].startswith("**The run failed**: every node failed (2 of 2); no node trained")
     for row in ("goodput", "replica agreement", "updates rejected", "restarted nodes rejoined", "tokens trained"):
         assert f"| {row} | n/a |" in md, row
-    assert "| nodes failed | 2 | node 0: exited by itself with status 2; node 1: exited by itself with status 2 |" in md
+    assert ("| nodes failed | 2 | nodes that exited by themselves or did not come back: node 0: exited by itself with "
+            "status 2; node 1: exited by itself with status 2 |") in md
 
 
 def test_peak_memory_per_node_is_the_largest_any_of_its_processes_reported() -> None:

@@ -68,7 +68,8 @@ def test_a_jump_after_a_restart_is_flagged_and_leads_the_report() -> None:
     assert lines[2].startswith("**Held-out loss rose after restarts: 1 evaluation(s) of never-killed nodes more than "
                                "5% above the previous one, after 1 of 1 restarts; worst: node 0 3.050 -> 3.500 bpb "
                                "(+14.8%) at 20 s, after node 1 restarted at 12 s.")
-    assert "| loss jump after restart | YES (1) | 1 of 1 restarts followed by" in md
+    assert "| loss jump after restart | YES (1) | a never-killed node's held-out loss more than 5% above its previous " \
+        "evaluation soon after a restart; 1 of 1 restarts followed by one" in md
     assert "| 1 | 1 | 12.0 | 18.0 | node 0 at 20 s: 3.050 -> 3.500 (+14.8%) |" in md
 
 
@@ -87,8 +88,9 @@ def test_a_run_without_jumps_has_no_flag() -> None:
     assert section["loss_rose"] is False and section["jumps"] == 0 and section["worst"] is None
     assert section["evaluations_compared"] == 1  # node 0's 3.0 at 1020 against its 4.0 at 1010
     md = to_markdown(fig)
-    assert alerts(fig) == [] and "Held-out loss rose" not in md and md.splitlines()[2] == "| figure | value | detail |"
-    assert "| loss jump after restart | none | 0 of 1 restarts followed by" in md
+    assert alerts(fig) == [] and "Held-out loss rose" not in md
+    assert md.splitlines()[4] == "| figure | value | what it means |"
+    assert "| loss jump after restart | none | " in md and "; 0 of 1 restarts followed by one" in md
 
 
 def test_zero_restarts_read_not_applicable() -> None:
@@ -97,7 +99,8 @@ def test_zero_restarts_read_not_applicable() -> None:
     assert section["restarts"] == [] and section["loss_rose"] is None and section["note"] == "no restart"
     assert json.loads(json.dumps(fig))["loss_after_restarts"]["loss_rose"] is None  # null in report.json
     md = to_markdown(fig)
-    assert "| loss jump after restart | n/a | no restart |" in md and "| restarted node |" not in md
+    assert "| loss jump after restart | n/a | " in md and "soon after a restart; no restart |" in md
+    assert "| restarted node |" not in md
     assert alerts(fig) == [] and fig["curves"]["restarts"] == []
 
 
@@ -144,7 +147,7 @@ def test_report_compares_with_data_parallel_at_equal_wall_time_and_tokens() -> N
     assert tokens["nodes_bpb"] == pytest.approx(3.6) and tokens["dp_bpb"] == pytest.approx(5.975)
     assert tokens["ratio"] == pytest.approx(3.6 / 5.975, abs=1e-4)
     md = to_markdown(fig)
-    assert "| held-out bpb ÷ data-parallel, same failures, equal wall time | 0.586 (model) |" in md
+    assert "| held-out bpb ÷ data-parallel, same failures, equal wall time | 0.586 (modelled) |" in md
     assert "| held-out bpb ÷ data-parallel, equal tokens | 0.603 |" in md
     assert fig["curves"]["restarts"] == [[8500.0, 12.0, 1]] and fig["curves"]["duration_s"] == 20.0
     # the modelled curve for loss.png: from the start (4 s), 5 s of work to the kill (9 s), flat through the
