@@ -95,7 +95,7 @@ def _goodput_options(a: argparse.Namespace, *, faults: bool, overrides: tuple[st
     return Options(nodes=a.nodes, minutes=a.minutes, kill_every=30.0 if faults else 0.0, downtime=15.0, seed=a.seed,
                    baseline=a.baseline and faults, out=a.out, progress="plain", model=a.model,
                    inner_steps=a.inner_steps, solo_seconds=a.solo_seconds if faults else 0.0, slow=tuple(a.slow),
-                   overrides=overrides, outer_momentum=None)
+                   overrides=overrides)
 
 
 def bench_goodput(a: argparse.Namespace) -> None:
@@ -163,7 +163,7 @@ def _print_no_faults(r: dict[str, Any], clean: dict[str, Any]) -> None:
 
 def bench_slow(a: argparse.Namespace) -> None:
     common = dict(nodes=a.nodes, minutes=a.minutes, seed=a.seed, baseline=False, out=a.out, progress="plain",
-                  model=a.model, inner_steps=a.inner_steps, outer_momentum=None)
+                  model=a.model, inner_steps=a.inner_steps)
     slow_node = a.nodes - 1
     if a.from_runs:
         uniform, slowed = (_reload(Path(d)) for d in a.from_runs)

@@ -38,7 +38,7 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
     """The runs of one invocation, the honest-only reference first."""
     honest = a.nodes - 1
     common = dict(minutes=a.minutes, seed=a.seed, baseline=False, solo_seconds=0.0, out=a.out, progress="plain",
-                  model=a.model, inner_steps=a.inner_steps, outer_momentum=None)
+                  model=a.model, inner_steps=a.inner_steps)
     runs = [("honest only", Options(nodes=honest, **common)),
             ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
     for kind in a.kinds or list(Poison.KINDS):

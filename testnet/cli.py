@@ -71,7 +71,7 @@ class Options:
     minutes: float = 2.0
     model: str = "tiny"
     inner_steps: int = 20
-    outer_momentum: float | None = 0.8  # the nodes' --outer-momentum (None: diloco-node's default, 0.9)
+    outer_momentum: float | None = None  # the nodes' --outer-momentum (None: diloco-node's default, 0.8)
     compression: str | None = None
     data: tuple[str, ...] = ()
     seed: int = 0
@@ -217,8 +217,13 @@ async def _solo(o: Options, run_dir: Path, argv_builder,
     tl = Timeline(load_run(solo_dir))
     rates: dict[int, float] = {}
     startups: list[float] = []
+    # the pace once every node trains: before, the others' start-up (JAX compiling) slows the first ones
+    all_training = max((inc.ready_at for node in range(o.nodes) for inc in tl.of(node) if inc.ready_at is not None),
+                       default=float("-inf"))
     for node in range(o.nodes):
-        pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
+        pairs = [inc.rate("inner_steps", all_training) for inc in tl.of(node)]
+        if not sum(p[1] for p in pairs):  # no sample after that moment: the whole solo run
+            pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
         if sum(p[1] for p in pairs) > 0:
             rates[node] = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
         startups += [inc.ready_at - inc.launched_at for inc in tl.of(node)
@@ -356,9 +361,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
-    a("--outer-momentum", type=float, default=0.8, metavar="MU",
-      help="every node's outer Nesterov momentum (default 0.8, which a few-minute run with H = 20 trains better "
-           "with than diloco-node's 0.9: BENCHMARKS.md, issue 16)")
+    a("--outer-momentum", type=float, default=None, metavar="MU",
+      help="every node's outer Nesterov momentum (default: diloco-node's, 0.8)")
     a("--compression", choices=("fp32", "bf16", "int8", "int4"), help="pseudo-gradient codec (default: the node's)")
     a("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable; default: "
                                                   "the embedded corpus)")
@@ -425,7 +429,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     except ConfigError as e:
         p.error(str(e))
     data = tuple(d for item in ns.data for d in item.split(",") if d)
-    if not 0.0 <= ns.outer_momentum < 1.0:
+    if ns.outer_momentum is not None and not 0.0 <= ns.outer_momentum < 1.0:
         p.error(f"--outer-momentum must be in [0, 1), got {ns.outer_momentum:g}")
     return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
                    outer_momentum=ns.outer_momentum,

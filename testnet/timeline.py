@@ -64,9 +64,9 @@ class Incarnation:
         """Time of the first sample in state `training`."""
         return next((t for t, s in self.samples if s.get("state") == "training"), None)
 
-    def rate(self, key: str) -> tuple[float, float]:
-        """(increase of `key`, seconds) from the first `training` sample to the last sample."""
-        start = next(((t, s) for t, s in self.samples if s.get("state") == "training"), None)
+    def rate(self, key: str, since: float = float("-inf")) -> tuple[float, float]:
+        """(increase of `key`, seconds) from the first `training` sample (at or after `since`) to the last."""
+        start = next(((t, s) for t, s in self.samples if s.get("state") == "training" and t >= since), None)
         if start is None or len(self.samples) < 2:
             return 0.0, 0.0
         t_last, s_last = self.samples[-1]

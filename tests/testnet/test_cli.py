@@ -58,18 +58,20 @@ def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_
     assert (cfg.inner.lr, cfg.inner.total_steps) == (1e-3, 100)
 
 
-def test_the_demo_defaults_span_the_schedule_and_set_the_outer_momentum(tmp_path: Path) -> None:
+def test_the_demo_defaults_span_the_schedule_and_pass_the_outer_momentum(tmp_path: Path) -> None:
+    from node.cli import build_parser
     from testnet.nodes import NodeSettings, NodeSpec, node_argv
 
     o = parse_args([])
-    assert o.solo_seconds == 20.0 and o.outer_momentum == 0.8, "the solo phase's pace sets the schedule"
+    assert o.solo_seconds == 20.0, "the solo phase's pace sets the schedule"
+    assert o.outer_momentum is None and build_parser().get_default("outer_momentum") == 0.8, "the node's own"
     spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
 
     def momentum(settings: NodeSettings) -> list[str]:
         argv = node_argv(spec, settings, gossip_port=0, http_port=0, peers=())
         return [argv[i + 1] for i, a in enumerate(argv) if a == "--outer-momentum"]
 
-    assert momentum(NodeSettings(run_id="r", outer_momentum=o.outer_momentum)) == ["0.8"]
+    assert momentum(NodeSettings(run_id="r", outer_momentum=0.8)) == ["0.8"]
     assert momentum(NodeSettings(run_id="r")) == [], "None: the node's own default"
     assert parse_args(["--outer-momentum", "0.9"]).outer_momentum == 0.9
     with pytest.raises(SystemExit):
