@@ -5,6 +5,7 @@ ledger and a fake inner loop (no JAX, no network)."""
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,11 @@ SHAPES = {"b": (3,), "w": (4, 4)}
 
 
 class FakeLoop:
-    """The two methods of `InnerLoop` a checkpoint uses; `evaluate` returns a fixed loss."""
+    """The parts of `InnerLoop` a checkpoint and an evaluation use; `evaluate` returns a fixed loss."""
 
     def __init__(self) -> None:
         self.step = 0
+        self.model = types.SimpleNamespace(metric="bits/byte")  # what the evaluation's log line names
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {"step": np.asarray(self.step, np.int64)}
