@@ -230,7 +230,8 @@ def sha256_seconds_per_gib(mib: int = 64) -> float:
     return best * (1024 / mib)
 
 
-def _gbit(nbytes: int, seconds: float) -> float:
+def gbit(nbytes: int, seconds: float) -> float:
+    """Gigabits per second of `nbytes` moved in `seconds`."""
     return nbytes * 8 / seconds / 1e9
 
 
@@ -247,10 +248,10 @@ async def main(args: argparse.Namespace) -> None:
         print(f"blob plane: {args.mib} MiB x {args.repeats} (+1 warm-up), {where}, alternating with raw copies")
         print("  (the real path: hypercorn serves the stored file, the other host's fetch_blob receives it,"
               " hashes it, writes it to its store and verifies it)")
-        print(f"  blob transfer   median {blob_med * 1e3:7.1f} ms = {_gbit(n, blob_med):5.2f} Gbit/s"
-              f"  (best {_gbit(n, min(blob_s)):.2f})")
-        print(f"  raw trio socket median {raw_med * 1e3:7.1f} ms = {_gbit(n, raw_med):5.2f} Gbit/s"
-              f"  (best {_gbit(n, min(raw_s)):.2f})")
+        print(f"  blob transfer   median {blob_med * 1e3:7.1f} ms = {gbit(n, blob_med):5.2f} Gbit/s"
+              f"  (best {gbit(n, min(blob_s)):.2f})")
+        print(f"  raw trio socket median {raw_med * 1e3:7.1f} ms = {gbit(n, raw_med):5.2f} Gbit/s"
+              f"  (best {gbit(n, min(raw_s)):.2f})")
         print(f"  ratio blob / raw = {raw_med / blob_med:.2f}")
         gib = n * args.repeats / 2**30
         ms = {k: v / gib * 1e3 for k, v in cpu.items()}
@@ -262,7 +263,7 @@ async def main(args: argparse.Namespace) -> None:
         sha = sha256_seconds_per_gib()
         print(f"  sha256 alone (the verification, 1 MiB pieces): {2**30 / sha / 1e9:.2f} GB/s"
               f" = {sha * 1e3:.0f} ms CPU per GiB")
-        verdict = "met" if _gbit(n, blob_med) >= TARGET_GBIT else "not met"
+        verdict = "met" if gbit(n, blob_med) >= TARGET_GBIT else "not met"
         print(f"  target: blob median >= {TARGET_GBIT:g} Gbit/s: {verdict}")
         print(f"  load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if args.nodes < 2:

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
 
-from p2p.bench import TARGET_GBIT, raw_copy, serve_raw, start_serving_child
+from p2p.bench import TARGET_GBIT, gbit, raw_copy, serve_raw, start_serving_child
 from p2p.blobfetch import BlobClient
 from p2p.blobserve import BLOB_PREFIX, DEFAULT_CHUNK, BlobService
 from p2p.blobstore import BlobStore, BlobWriter, check_hex
@@ -148,10 +148,6 @@ async def start_child(tmp: Path, mib: int) -> tuple[trio.Process, dict[str, int 
     return await start_serving_child("testnet.benchmarks.http_libraries", tmp, mib)
 
 
-def _gbit(nbytes: int, seconds: float) -> float:
-    return nbytes * 8 / seconds / 1e9
-
-
 async def main(args: argparse.Namespace) -> None:
     if args.serve:
         await serve_child(Path(args.serve), args.mib)
@@ -228,10 +224,10 @@ async def main(args: argparse.Namespace) -> None:
     print(f"  {'way':<16} {'median':>9} {'Gbit/s':>7} {'best':>6} {'/ ours':>7} {'/ raw':>6}"
           f" {'CPU ms/GiB fetch':>17} {'serve':>6}")
     for key in ways:
-        print(f"  {key:<16} {med[key] * 1e3:7.1f}ms {_gbit(n, med[key]):7.2f} {_gbit(n, min(seconds[key])):6.2f}"
+        print(f"  {key:<16} {med[key] * 1e3:7.1f}ms {gbit(n, med[key]):7.2f} {gbit(n, min(seconds[key])):6.2f}"
               f" {med['ours'] / med[key]:7.2f} {med['raw'] / med[key]:6.2f}"
               f" {cpu[key][0] / gib * 1e3:17.0f} {cpu[key][1] / gib * 1e3:6.0f}")
-    verdict = {k: "met" if _gbit(n, med[k]) >= TARGET_GBIT else "not met" for k in ("ours", "httpx", "httpx 1 MiB")}
+    verdict = {k: "met" if gbit(n, med[k]) >= TARGET_GBIT else "not met" for k in ("ours", "httpx", "httpx 1 MiB")}
     print(f"  target blob median >= {TARGET_GBIT:g} Gbit/s: " + ", ".join(f"{k} {v}" for k, v in verdict.items()))
     print(f"small requests: {args.requests} x GET /status, one keep-alive client: ours {requests['ours']:.0f}/s,"
           f" Starlette {requests['starlette']:.0f}/s, ratio {requests['starlette'] / requests['ours']:.2f}")
