@@ -25,12 +25,7 @@ from node.island.model import Transformer, embedding_names
 from node.island.task import Model, Task, default_optimizer
 from node.island.tokens import tokenizer_hash
 
-__all__ = ["byte_lm", "byte_lm_task", "lr_schedule", "make_optimizer"]
-
-
-def make_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW on `lr_schedule(cfg)`; weight decay on matrices only."""
-    return _optimizer(cfg)[0]
+__all__ = ["byte_lm", "byte_lm_model", "byte_lm_task", "lr_schedule"]
 
 
 def lr_schedule(cfg: InnerConfig) -> optax.Schedule:
@@ -76,11 +71,15 @@ def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8,
                           embeddings=frozenset(embedding_names(model_cfg)), config=fields)
 
 
+def byte_lm_model(cfg: Config) -> Model:
+    """`byte_lm` for the configs, batch size, data seed and tokenizer of `cfg`."""
+    return byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed, tokenizer_hash(cfg.data.tokenizer))
+
+
 def byte_lm_task(cfg: Config, eval_batches: int = 4) -> Task:
     """The model and the data of `cfg`; the data is read when a node opens the task (`Task.open`)."""
     dataset = functools.cache(lambda: Dataset(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size))
-    model = byte_lm(cfg.model, cfg.inner, cfg.data.batch_size, cfg.data.data_seed, tokenizer_hash(cfg.data.tokenizer))
-    return Task(model=model,
+    return Task(model=byte_lm_model(cfg),
                 batches=lambda peer_id: dataset().batcher(peer_id or None),
                 heldout=lambda: dataset().heldout_batches(eval_batches),
                 tokens_per_batch=cfg.data.batch_size * cfg.model.seq_len)

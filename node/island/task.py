@@ -128,9 +128,7 @@ class Model:
         evaluate = kwargs.pop("evaluate", None)
         if evaluate is not None:
             kwargs["evaluate"] = lambda flat, batch: evaluate(module(flat), batch)
-        model = cls(name=name, init=init, loss=loss_fn, **kwargs)
-        object.__setattr__(model, "module", module)
-        return model
+        return cls(name=name, init=init, loss=loss_fn, **kwargs)
 
     # -- flat form ------------------------------------------------------------------------------------
 

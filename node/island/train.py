@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from node.island.bytelm import byte_lm_task
+from node.island.bytelm import byte_lm_model, byte_lm_task
 from node.island.config import Config, ConfigError, preset
 from node.island.data import DataError, resolve_vocab
 from node.island.task import Model, flat_name
@@ -163,7 +163,7 @@ class InnerLoop:
     def byte_lm(cls, cfg: Config, batches: BatchSource, **kwargs: Any) -> InnerLoop:
         """A loop of the CLI's byte-level model for `cfg` (`node.island.bytelm.byte_lm`), seeded by
         `cfg.inner.init_seed`; other keyword arguments as for `InnerLoop`."""
-        return cls(byte_lm_task(cfg).model, batches, seed=cfg.inner.init_seed, **kwargs)
+        return cls(byte_lm_model(cfg), batches, seed=cfg.inner.init_seed, **kwargs)
 
     # -- parameters --------------------------------------------------------------------------------
 
