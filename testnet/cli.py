@@ -180,15 +180,16 @@ def _say(text: str) -> None:
 
 async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: FaultPlan, o: Options, meta: RunMeta, *,
                      progress: Progress, registry: GroupRegistry, bootstrap: bool = True,
-                     network: WanNetwork | None = None) -> None:
+                     network: WanNetwork | None = None, plan_from_ready: bool = False) -> None:
     """Run one supervised testnet; `run.json` (with `meta`'s launch and end times, and `interrupted`)
-    is written however it ends."""
+    is written however it ends. `plan_from_ready`: the plan's clock starts once every node trains."""
     recorder = Recorder(run_dir)
     sup = Supervisor(specs, argv_for, recorder, env=node_env(o.jax_cache_dir()), start_timeout=o.start_timeout,
                      stop_grace=o.stop_grace, poll_interval=o.poll_interval,
                      partitioner=NetnsPartitioner(network) if network else ChaosPartitioner(),
                      allows=network.allows if network else is_loopback, registry=registry,
-                     notify=progress.notify, on_poll=progress.refresh, bootstrap=bootstrap)
+                     notify=progress.notify, on_poll=progress.refresh, bootstrap=bootstrap,
+                     plan_from_ready=plan_from_ready)
     try:
         with progress:
             await sup.run(plan)
@@ -209,11 +210,13 @@ async def _solo(o: Options, run_dir: Path, argv_builder,
     specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
     (solo_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
-    _say(f"solo run: {o.nodes} isolated nodes for {o.solo_seconds:g} s (their pace sets the learning-rate schedule "
-         "to end with the run; the overlap figure)")
+    _say(f"solo run: {o.nodes} isolated nodes, {o.solo_seconds:g} s once every node trains (their pace sets the "
+         "learning-rate schedule to end with the run; the overlap figure)")
     meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs])
+    # timed from the moment every node trains: on a loaded machine the start-up (JAX compiling in every
+    # process at once) can take most of a window counted from the launch, and then no pace is measured
     await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
-                     registry=registry, bootstrap=False)
+                     registry=registry, bootstrap=False, plan_from_ready=True)
     tl = Timeline(load_run(solo_dir))
     rates: dict[int, float] = {}
     startups: list[float] = []
@@ -224,8 +227,9 @@ async def _solo(o: Options, run_dir: Path, argv_builder,
         pairs = [inc.rate("inner_steps", all_training) for inc in tl.of(node)]
         if not sum(p[1] for p in pairs):  # no sample after that moment: the whole solo run
             pairs = [inc.rate("inner_steps") for inc in tl.of(node)]
-        if sum(p[1] for p in pairs) > 0:
-            rates[node] = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
+        steps, seconds = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        if steps > 0 and seconds > 0:  # no round finished: no pace measured (a zero would end the schedule at once)
+            rates[node] = steps / seconds
         startups += [inc.ready_at - inc.launched_at for inc in tl.of(node)
                      if inc.ready_at is not None and inc.launched_at is not None]
     return rates, startups
@@ -393,7 +397,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
     a("--solo-seconds", type=float, default=20.0, metavar="S",
-      help="first run every node alone for S seconds: without --rounds the measured pace sets the learning-rate "
+      help="first run every node alone for S seconds once all of them train: without --rounds the measured pace sets the learning-rate "
            "schedule to end with the run (else the preset's horizon applies, 10,000 steps for tiny), and the "
            "overlap figure (default 20; 0 = skip)")
     a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")

@@ -254,7 +254,8 @@ def compute(record: RunRecord) -> dict[str, Any]:
     steady = steady_sent / steady_steps if steady_steps else None
 
     step_rates = _node_rates(tl, "inner_steps", fast)
-    solo_rates = [float(r) for r in (record.solo or {}).get("steps_per_second", [])]
+    # a solo run that measured no pace (no node finished a round in it) gives no overlap figure
+    solo_rates = [float(r) for r in (record.solo or {}).get("steps_per_second", []) if float(r) > 0.0]
     net_rate = statistics.mean(step_rates.values()) if step_rates else None
     overlap = net_rate / statistics.mean(solo_rates) if net_rate and solo_rates else None
     step_s = 1.0 / net_rate if net_rate else None

@@ -10,8 +10,10 @@ One `Supervisor` owns the state machine of every node (`NodeHandle.state`):
 
 Contract:
 - `run(plan)` launches node 0, then the others with node 0 as bootstrap peer (none with
-  `bootstrap=False`: isolated nodes, for the solo run); plan times count from node 0's launch (`t0`).
-  It returns after `plan.duration` seconds, a final `/status` poll and `stop()`.
+  `bootstrap=False`: isolated nodes, for the solo run); plan times count from node 0's launch (`t0`), or,
+  with `plan_from_ready=True` (the solo run, which measures the pace of training), from the moment every
+  node first reported `training` (waited for at most `start_timeout` seconds: a node that never trains
+  does not hold the others up). It returns after `plan.duration` seconds, a final `/status` poll and `stop()`.
 - However `run` ends (return, exception, cancellation, KeyboardInterrupt), every process group it
   started has been sent SIGTERM, then SIGKILL after `stop_grace` seconds, and reaped.
 - A failed *initial* launch raises `NodeStartError` (quoting the log of every node that failed); a
@@ -119,8 +121,10 @@ class Supervisor:
                  poll_interval: float = 1.0, partitioner: Partitioner | None = None,
                  allows: Callable[[str], bool] = is_loopback, notify: Callable[[str], None] = lambda s: None,
                  on_poll: Callable[[list[NodeHandle]], None] = lambda handles: None, bootstrap: bool = True,
-                 registry: GroupRegistry | None = None) -> None:
+                 registry: GroupRegistry | None = None, plan_from_ready: bool = False) -> None:
         self.handles = [NodeHandle(spec) for spec in specs]
+        self.plan_from_ready = plan_from_ready
+        self._everyone_ready = trio.Event()
         self.registry = GroupRegistry() if registry is None else registry
         self.recorder, self.notify, self.on_poll, self.bootstrap = recorder, notify, on_poll, bootstrap
         self._argv_for, self._env, self._allows = argv_for, env, allows
@@ -136,6 +140,7 @@ class Supervisor:
         self.client: httpx.AsyncClient = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
         self.t0 = 0.0  # Unix time of node 0's launch
         self._trio_t0 = 0.0
+        self._plan_t0 = 0.0  # where the plan's times count from, on the trio clock
         self.t_end = 0.0
 
     # ---- helpers ---------------------------------------------------------------------------------
@@ -299,6 +304,12 @@ class Supervisor:
 
     async def _execute(self, plan: FaultPlan) -> None:
         with self._plan_scope:
+            self._plan_t0 = self._trio_t0
+            if self.plan_from_ready:
+                with trio.move_on_after(self.start_timeout):
+                    await self._everyone_ready.wait()
+                self._plan_t0 = trio.current_time()
+                self.notify(f"t={self.elapsed():.0f}s: every node trains; {plan.duration:g} s from now")
             await self._execute_actions(plan)
         if self._plan_scope.cancelled_caught:
             self.notify(f"t={self.elapsed():.0f}s: every node has finished")
@@ -306,7 +317,7 @@ class Supervisor:
     async def _execute_actions(self, plan: FaultPlan) -> None:
         assert self._nursery is not None
         for action in plan.actions():
-            await trio.sleep_until(self._trio_t0 + action.at)
+            await trio.sleep_until(self._plan_t0 + action.at)
             if action.kind == "kill":
                 await self._kill(self.handles[action.node])
             elif action.kind == "restart":
@@ -315,7 +326,7 @@ class Supervisor:
                 self._nursery.start_soon(self._partition, action.partition)
             elif action.kind == "heal" and action.partition is not None:
                 self._nursery.start_soon(self._heal, action.partition)
-        await trio.sleep_until(self._trio_t0 + plan.duration)
+        await trio.sleep_until(self._plan_t0 + plan.duration)
 
     async def _kill(self, h: NodeHandle) -> None:
         if h.process is None or h.process.returncode is not None or h.state == "finished":
@@ -364,7 +375,7 @@ class Supervisor:
             self.notify(f"could not partition node {h.spec.index}: {e!r}")
 
     async def _partition(self, part: Partition) -> None:
-        self._active[part] = self._trio_t0 + part.end
+        self._active[part] = self._plan_t0 + part.end
         self.notify(f"t={self.elapsed():.0f}s: partition {list(part.side_a)} | {list(part.side_b)} "
                     f"for {part.end - part.start:g} s")
         for node in part.side_a + part.side_b:
@@ -417,3 +428,5 @@ class Supervisor:
         if status.get("state") == "training" and not h.ready:
             h.ready = True
             self._event(h, "ready")
+            if all(handle.ready for handle in self.handles):
+                self._everyone_ready.set()

@@ -7,7 +7,8 @@ sleeping child in the same process group and write its pid to `<checkpoint-dir>/
 `--die-before-listening` (print an error to stderr and exit 3), `--exit-after-listening CODE` (print
 LISTENING, then an error to stderr, and exit CODE at once, as a node with a bad --data source does),
 `--finish-after S` (print a STOPPED line and exit 0 after S seconds, as a node does after --max-rounds),
-`--tokens-per-step N` (the tokens its counters report per step, 100 by default).
+`--tokens-per-step N` (the tokens its counters report per step, 100 by default), `--train-after S` (state
+"syncing" for S seconds after its start, then "training", as a node compiling its steps).
 """
 
 import argparse
@@ -40,6 +41,7 @@ def main():
     p.add_argument("--exit-after-listening", type=int, default=None, metavar="CODE")
     p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
     p.add_argument("--tokens-per-step", type=int, default=100, help="tokens each of its 10 steps/s counts")
+    p.add_argument("--train-after", type=float, default=0.0, help="report state syncing for this long first")
     args = p.parse_args()
     started = time.time()
     if args.die_before_listening:
@@ -71,7 +73,8 @@ def main():
         def do_GET(self):
             now = time.time()
             steps = int((now - started) * 10)
-            self._json({"peer_id": args.peer_id, "state": "training", "slot": steps // 5, "round": steps // 5,
+            state = "training" if now - started >= args.train_after else "syncing"
+            self._json({"peer_id": args.peer_id, "state": state, "slot": steps // 5, "round": steps // 5,
                         "inner_steps": steps, "tokens": steps * args.tokens_per_step, "loss": 3.0, "eval_loss": None,
                         "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
                         "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,

@@ -153,6 +153,8 @@ def test_overlap_needs_a_solo_run() -> None:
     # node 0: 120 steps in 16 s; node 1: (30 + 30) steps in (5 + 4) s
     assert fig["overlap"]["network_steps_per_s"] == {"0": 7.5, "1": pytest.approx(60 / 9, abs=1e-4)}
     assert fig["overlap"]["value"] == pytest.approx((7.5 + 60 / 9) / 2 / 10, abs=1e-4)
+    # a solo run in which no node finished a round measured no pace: no overlap figure, not a crash
+    assert compute(record(solo={"steps_per_second": [0.0, 0.0]}))["overlap"]["value"] is None
 
 
 def test_curves_quality_and_baseline_wall_time() -> None:

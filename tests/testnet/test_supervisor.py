@@ -74,6 +74,24 @@ async def test_nodes_that_finish_by_themselves_end_the_run_early(tmp_path: Path)
     assert not [e for e in evs if e["event"] == "stop"]  # nothing left to stop
 
 
+async def test_a_plan_from_ready_counts_from_the_moment_every_node_trains(tmp_path: Path) -> None:
+    """The solo run's clock (`plan_from_ready`): its duration runs from the last node's first `training`,
+    so a slow start-up cannot eat the window in which the pace is measured."""
+    specs = fake_specs(tmp_path, 2)
+    recorder = Recorder(tmp_path)
+    sup = Supervisor(specs, fake_argv(per_node={1: ["--train-after", "1.5"]}), recorder, start_timeout=20,
+                     stop_grace=5, poll_interval=0.05, plan_from_ready=True)
+    with trio.fail_after(30):
+        await sup.run(FaultPlan(nodes=2, duration=0.5))
+    recorder.close()
+    evs = events(tmp_path)
+    ready = max(e["t"] for e in evs if e["event"] == "ready")
+    stop = min(e["t"] for e in evs if e["event"] == "stop")
+    assert {e["node"] for e in evs if e["event"] == "ready"} == {0, 1}
+    assert ready - sup.t0 >= 1.5  # node 1 trained only after its 1.5 s of start-up
+    assert stop - ready >= 0.5  # the whole plan ran after it: counted from the launch, it would be over
+
+
 def json_gossip(evs: list[dict], node: int) -> str:
     return next(e["gossip"] for e in evs if e["event"] == "listening" and e["node"] == node)
 
