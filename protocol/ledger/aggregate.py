@@ -112,6 +112,17 @@ class GramCache:
         return {(a.meta.update_id, b.meta.update_id): self._dots[(name, a.meta.update_id, b.meta.update_id)]
                 for i, a in enumerate(ordered) for b in ordered[i:]}
 
+    def has(self, entries: Sequence[SlotEntry], name: str) -> bool:
+        """Whether every inner product of ``entries``' tensor ``name`` is known."""
+        ids = sorted(e.meta.update_id for e in entries)
+        return all((name, a, b) in self._dots for i, a in enumerate(ids) for b in ids[i:])
+
+    def put(self, name: str, dots: Mapping[tuple[bytes, bytes], float]) -> None:
+        """Record inner products ``(id_a, id_b) → ⟨Δ_a, Δ_b⟩`` (ids ascending) taken canonically elsewhere
+        (``_accumulate_with_dots``: the same chunks and sums as :meth:`dots`)."""
+        for (a, b), value in dots.items():
+            self._dots[(name, a, b)] = value
+
     def _compute(self, pairs: list[tuple[SlotEntry, SlotEntry]], name: str) -> None:
         involved = {e.meta.update_id: e for pair in pairs for e in pair}
         size = _numel(next(iter(involved.values())), name)
@@ -189,9 +200,10 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
 
 
 def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
-                 gram: GramCache | None = None) -> TensorTerms:
+                 gram: GramCache | None = None, *, screen: bool = True) -> TensorTerms:
     """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring); ``gram`` keeps
-    the inner products the direction screen needs (computed here when not given)."""
+    the inner products the direction screen needs (computed here when not given). ``screen=False``: the
+    terms before the direction screen (no inner products needed)."""
     radial = uses_radial(name, config)
     kept = counted(entries)
     tau = norm_bound(kept, name, config)
@@ -205,7 +217,7 @@ def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
             coefficients[e.meta.update_id] = e.weight / norm
         else:
             coefficients[e.meta.update_id] = e.weight if norm <= bound else e.weight * (bound / norm)
-    screened = _screened(kept, coefficients, name, config, gram)
+    screened = _screened(kept, coefficients, name, config, gram) if screen else set()
     if screened:
         for i in screened:
             coefficients[i] = 0.0
@@ -271,13 +283,60 @@ def canonical_spans(
         yield s, uc, float(np.sum(np.square(uc, out=t)))
 
 
+def _screen_needs_dots(terms: TensorTerms, config: LedgerConfig) -> bool:
+    """Whether the direction screen will read inner products for these terms (as ``_screened`` decides)."""
+    live = sum(c != 0.0 for c in terms.coefficients.values())
+    return config.direction_screen is not None and config.norm_clip != 0.0 and live >= 2
+
+
+def _accumulate_with_dots(
+    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, uf: np.ndarray, gram: GramCache
+) -> float | None:
+    """One pass over tensor ``name``'s payloads that writes ``U`` with the coefficients *before* the direction
+    screen into the flat float64 ``uf`` and takes the inner products the screen reads (each span of each entry
+    decoded once for both, where :func:`canonical_spans` after :meth:`GramCache.dots` decodes it twice).
+    Returns ``‖U‖`` when the screen then leaves every coefficient as it was (honest slots: ``U`` is then the
+    canonical one, bit for bit: the same terms in the same order, the same operations), else None (the
+    caller sums again with the screened coefficients), and None at once when the screen needs no inner
+    products or ``gram`` has them all (a slot leaving the window: its close took them)."""
+    before = tensor_terms(entries, name, config, screen=False)
+    ordered = sorted(entries, key=lambda e: e.meta.update_id)
+    live = [(e, _F64(c)) for e in ordered if (c := before.coefficients[e.meta.update_id]) != 0.0]
+    if not _screen_needs_dots(before, config) or gram.has([e for e, _ in live], name):
+        return None
+    pairs = [(i, j) for i in range(len(live)) for j in range(i, len(live))]
+    parts: list[list[float]] = [[] for _ in pairs]
+    squares, tmp = [], _buffer(uf.size)
+    for s in spans(uf.size):
+        uc, t = uf[s], tmp[: s.stop - s.start]
+        xs = [span_of(e.deltas, name, s).astype(_F64) for e, _ in live]
+        for k, (x, (_, c)) in enumerate(zip(xs, live, strict=True)):
+            if k == 0:
+                np.multiply(x, c, out=uc)
+            else:
+                np.multiply(x, c, out=t)
+                uc += t
+        for part, (i, j) in zip(parts, pairs, strict=True):
+            part.append(float(np.sum(np.multiply(xs[i], xs[j], out=t))))
+        squares.append(float(np.sum(np.square(uc, out=t))))
+    gram.put(name, {(live[i][0].meta.update_id, live[j][0].meta.update_id): math.fsum(part)
+                    for part, (i, j) in zip(parts, pairs, strict=True)})
+    after = tensor_terms(entries, name, config, gram)
+    return math.sqrt(math.fsum(squares)) if after.coefficients == before.coefficients else None
+
+
 def accumulate_sorted(
     entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray], gram: GramCache | None = None
 ) -> dict[str, float]:
-    """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``."""
+    """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``. A tensor
+    whose inner products ``gram`` lacks takes them in the same pass (:func:`_accumulate_with_dots`)."""
+    gram = gram if gram is not None else GramCache()
 
     def one(name: str) -> float:
         uf = flat(out[name])
+        norm = _accumulate_with_dots(entries, name, config, uf, gram)
+        if norm is not None:
+            return norm
         return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf, gram)))
 
     names = list(out)

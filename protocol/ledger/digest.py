@@ -17,7 +17,8 @@ All are SHA-256 over a domain-separated canonical encoding:
   "diloco/bottom/v2\0", arrays "theta/<name>" and "momentum/<name>" as float32) ‖ ledger digest)``: the
   canonical state ``θ_n, v_n`` is a function of the bottom and the window's sets, so equal state digests
   mean equal canonical parameters and momentum, bit for bit. Its cost is one hash of the bottom (8
-  bytes per parameter) per slot that leaves the window, never a replay.
+  bytes per parameter) per slot that leaves the window, made by the ledger in the same pass that steps
+  the bottom (each tensor hashed right after it is stepped), never a replay and never on a request.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 from protocol.parallel import parallel_map
 
 __all__ = ["BOTTOM_DOMAIN", "GENESIS", "PIECE", "Row", "array_digest", "chain_next", "ledger_digest", "piece_hashes",
-           "slot_digest", "state_digest", "tree_digest", "tree_digest_of_hashes", "tree_rows"]
+           "slot_digest", "state_digest", "tree_digest", "tree_digest_of_hashes", "tree_row", "tree_rows"]
 
 #: Bytes per hashed piece of an array in a tree digest (part of the digest's definition).
 PIECE = 1 << 22
@@ -104,14 +105,20 @@ def tree_digest_of_hashes(rows: Iterable[tuple[str, str, tuple[int, ...], Iterab
 Row = tuple[str, str, tuple[int, ...], tuple[bytes, ...]]  # (name, dtype string, shape, piece hashes)
 
 
+def tree_row(name: str, a: np.ndarray) -> Row:
+    """One array's row of a tree digest (its pieces hashed in parallel threads, or serially when called from
+    one of them)."""
+    a = np.asarray(a)
+    return name, a.dtype.newbyteorder("<").str, tuple(a.shape), tuple(piece_hashes(a))
+
+
 def tree_rows(arrays: Mapping[str, np.ndarray], after: Callable[[np.ndarray], None] | None = None) -> list[Row]:
     """The rows a tree digest is computed from, in ascending name order: each array's pieces hashed in
     parallel threads; ``after(array)`` is called once each array is hashed (e.g. to let the pages of a
     memory-mapped one go)."""
     rows = []
     for name in sorted(arrays):
-        a = np.asarray(arrays[name])
-        rows.append((name, a.dtype.newbyteorder("<").str, tuple(a.shape), tuple(piece_hashes(a))))
+        rows.append(tree_row(name, arrays[name]))
         if after is not None:
             after(arrays[name])
     return rows

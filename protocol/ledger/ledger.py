@@ -335,13 +335,13 @@ class Ledger:
         return dg.ledger_digest(self._n, self._chain, live)
 
     def bottom_digest(self) -> bytes:
-        """Tree digest of the window bottom's θ and v (float32) (:mod:`protocol.ledger.digest`); computed on
-        the first call after the bottom moved, then cached."""
+        """Tree digest of the window bottom's θ and v (float32) (:mod:`protocol.ledger.digest`), from its rows
+        (:meth:`bottom_rows`)."""
         return dg.tree_digest_of_hashes(self.bottom_rows(), dg.BOTTOM_DOMAIN)
 
     def bottom_rows(self) -> list[dg.Row]:
-        """The bottom digest's rows (each array's piece hashes: what a state server's piece index holds),
-        hashed on the first call after the bottom moved, then cached."""
+        """The bottom digest's rows (each array's piece hashes: what a state server's piece index holds):
+        hashed by the close that moved the bottom, or on the first call after a restore, then kept."""
         if self._bottom_rows is None:
             arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
                       **{"momentum/" + n: a for n, a in self._base_v.items()}}
@@ -463,9 +463,11 @@ class Ledger:
     ) -> tuple[SlotEntry, Mapping[str, np.ndarray]]:
         return make_entry(meta, slot, deltas, payload, self._shapes, update_weight(meta, slot, self.config))
 
-    def _canonical_step(self, theta: dict, v: dict, s: int, settle: bool = False) -> None:
+    def _canonical_step(self, theta: dict, v: dict, s: int, rows: dict[str, dg.Row] | None = None) -> None:
         """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads;
-        ``settle``: the arrays are the bottom store's, settled after each tensor. A radial tensor's scale
+        ``rows`` (the window bottom's step): the arrays are the bottom store's; each stepped tensor is hashed
+        into ``rows`` (its tree-digest rows, ``"theta/<name>"`` and ``"momentum/<name>"``) while it is still
+        in memory, then settled. A radial tensor's scale
         needs ``‖u‖`` first, so its ``u`` is computed into a float64 temporary of its size; a mean tensor's
         scale does not (e.g. the embeddings, the largest tensors), so it is summed and stepped span by span
         (no temporary; the same bits: every operation is elementwise)."""
@@ -479,7 +481,9 @@ class Ledger:
             else:
                 mean_step(slot, name, flat(theta[name]), flat(v[name]), eta, mu)
             self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
-            if settle:
+            if rows is not None:
+                rows["theta/" + name] = dg.tree_row("theta/" + name, theta[name])
+                rows["momentum/" + name] = dg.tree_row("momentum/" + name, v[name])
                 self.bottom_store.settle((theta[name], v[name]))
 
         parallel_map(one, self._shapes)
@@ -490,10 +494,12 @@ class Ledger:
         self.bottom_store.settle([e.payload.data for e in entries if e.payload is not None])
 
     def _finalize_bottom(self) -> None:
-        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate, chain it."""
+        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate (hashing it on
+        the way: the bottom digest is current when the close returns), chain it."""
         s = self._base + 1
-        self._canonical_step(self._base_theta, self._base_v, s, settle=True)
-        self._bottom_rows = None
+        rows: dict[str, dg.Row] = {}
+        self._canonical_step(self._base_theta, self._base_v, s, rows)
+        self._bottom_rows = [rows[name] for name in sorted(rows)]
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)

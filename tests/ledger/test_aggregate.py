@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Aggregation, LedgerConfig, UpdateMeta, Weighting, aggregate, staleness, update_weight
-from protocol.ledger.aggregate import SlotEntry, tensor_terms
+from protocol.ledger.aggregate import GramCache, SlotEntry, accumulate_sorted, tensor_terms
 from protocol.ledger.chunks import CHUNK, copy_with_norm, tensor_norm
 from protocol.ledger.bound import check_claim
 from protocol.ledger.weights import check_meta
@@ -208,6 +208,35 @@ def test_the_direction_screen_leaves_out_a_random_direction_but_never_the_majori
     assert all(c == 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
     es = [entry("h0", 1.0, w=honest[0]), entry("h1", 1.0, w=honest[1])]
     assert all(c != 0.0 for c in tensor_terms(es, "w", LedgerConfig()).coefficients.values())
+
+
+@pytest.mark.parametrize("hostile", [False, True])
+def test_the_one_pass_sum_with_inner_products_is_the_two_pass_sum(hostile):
+    """A close takes the screen's inner products in the same pass as U (`_accumulate_with_dots`); the bits of U,
+    its norm and the inner products are those of taking the inner products first, then summing: with no update
+    screened out (U is kept), and with one screened out (U is summed again without it)."""
+    rng = np.random.default_rng(5)
+    shapes = {"big": (2 * CHUNK + 77,), "embed": (9, 5)}
+    shared = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    es = [entry(f"h{i}", float(rng.uniform(1, 3)), **{k: x + rng.standard_normal(x.shape) for k, x in shared.items()})
+          for i in range(3)]
+    if hostile:
+        es.append(entry("evil", 2.0, **{k: rng.standard_normal(s) for k, s in shapes.items()}))
+    for config in (LedgerConfig(), LedgerConfig(embeddings=frozenset({"embed"}))):
+        two_pass = GramCache()
+        for name in shapes:
+            two_pass.dots(es, name)  # the inner products first: U is then summed in a pass of its own
+        out2 = {k: np.empty(s) for k, s in shapes.items()}
+        norms2 = accumulate_sorted(es, config, out2, two_pass)
+        one_pass = GramCache()
+        out1 = {k: np.empty(s) for k, s in shapes.items()}
+        norms1 = accumulate_sorted(es, config, out1, one_pass)
+        assert norms1 == norms2
+        for name in shapes:
+            assert out1[name].tobytes() == out2[name].tobytes()
+            assert one_pass.dots(es, name) == two_pass.dots(es, name)
+        coefficients = tensor_terms(es, "big", config, one_pass).coefficients
+        assert [e.meta.origin for e in es if coefficients[e.meta.update_id] == 0.0] == (["evil"] if hostile else [])
 
 
 def test_claims_beyond_the_runs_work_are_refused():
