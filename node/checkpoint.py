@@ -1,17 +1,19 @@
-"""Crash-safe checkpoints of a node: the ledger snapshot, the inner loop's state, the error-feedback
-residual and a few counters, one file per checkpoint in the checkpoint directory.
+"""Crash-safe checkpoints of a node: the ledger snapshot and the ledger's working state, the inner loop's
+state, the error-feedback residual and a few counters, one file per checkpoint in the checkpoint directory.
 
-File format (`ckpt-<round:08d>.dlc`), version 2 (byte by byte in docs/checkpoint-format.md):
+File format (`ckpt-<round:08d>.dlc`), version 3 (byte by byte in docs/checkpoint-format.md):
 
     MAGIC (16 bytes) || body length L (u64 big-endian) || body || SHA-256 of everything before it
     body = header length H (u64 big-endian) || header (H bytes) || ledger || each array's raw bytes
 
 `header` is msgpack (binary strings on) of a map: `meta` (plain values), `ledger` (the byte length of the
-ledger snapshot encoding, `LedgerSnapshot.to_bytes()`), `inner` and `feedback` (lists of [name, dtype,
-shape], in the order their raw little-endian C-order bytes follow the ledger). Nothing is a msgpack bin,
-so no part has a size limit short of 2^64 bytes. Version 1 files (the same envelope around one msgpack
-map holding everything, each part one bin of at most 4 GiB − 1 bytes) are still read; a node built before
-version 2 skips version 2 files (bad magic) and starts fresh.
+ledger snapshot encoding, `LedgerSnapshot.to_bytes()`), `inner`, `feedback` and `outer` (lists of [name,
+dtype, shape], in the order their raw little-endian C-order bytes follow the ledger). `outer` is the
+ledger's working state (`Ledger.working_state`: `params/<name>`, `momentum/<name>`), taken with the
+snapshot, so a restore resumes without replaying the window. Nothing is a msgpack bin, so no part has a
+size limit short of 2^64 bytes. Version 2 files (the same without `outer`: the restore replays) and
+version 1 files (the same envelope around one msgpack map holding everything, each part one bin of at most
+4 GiB − 1 bytes) are still read; a node built before a version skips its files (bad magic) and starts fresh.
 
 Contract:
 - Writing is atomic: `stage` writes a temp file (`.tmp-*`) in the same directory and fsyncs it; `commit`
@@ -54,13 +56,15 @@ __all__ = ["Checkpoint", "CheckpointDir", "CheckpointError", "decode_checkpoint"
 
 log = logging.getLogger("node.checkpoint")
 
-MAGIC = b"DILOCO-CKPT\x00v2\n\x00"  # written
+MAGIC = b"DILOCO-CKPT\x00v3\n\x00"  # written
+MAGIC_V2 = b"DILOCO-CKPT\x00v2\n\x00"  # still read: no `outer` section
 MAGIC_V1 = b"DILOCO-CKPT\x00v1\n\x00"  # still read
 _NAME = re.compile(r"ckpt-(\d{8})\.dlc")
 _TMP_PREFIX = ".tmp-"
 _CHUNK = 8 << 20  # bytes written or read (and hashed) at a time
 _HEADER_MAX = 64 << 20  # a longer header is a corrupt length field (a header names each array once)
-_SECTIONS = ("inner", "feedback")
+_SECTIONS = ("inner", "feedback", "outer")
+_SECTIONS_V2 = ("inner", "feedback")
 
 Bytes = bytes | bytearray | memoryview
 
@@ -75,12 +79,26 @@ class Checkpoint:
 
     `ledger` is the ledger snapshot's encoding: bytes, or the pieces whose concatenation it is
     (`LedgerSnapshot.to_pieces()`), written one after the other without being joined. A loaded
-    checkpoint holds bytes."""
+    checkpoint holds bytes. `outer` is the ledger's working state taken with that snapshot
+    (`params/<name>`, `momentum/<name>`; empty in a version 1 or 2 file)."""
 
     meta: Mapping[str, Any]
     ledger: Bytes | Sequence[Bytes]
     inner: Mapping[str, np.ndarray] = field(default_factory=dict)
     feedback: Mapping[str, np.ndarray] = field(default_factory=dict)
+    outer: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def working_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+        """`outer` as the `(θ, v)` pair `Ledger.from_snapshot(working=...)` takes, or None without one."""
+        if not self.outer:
+            return None
+        parts = ({}, {})
+        for key, a in self.outer.items():
+            kind, _, name = key.partition("/")
+            if kind not in ("params", "momentum") or not name:
+                raise CheckpointError(f"outer array {key!r} is neither params/<name> nor momentum/<name>")
+            parts[kind == "momentum"][name] = a
+        return parts
 
     @property
     def round(self) -> int:
@@ -108,7 +126,7 @@ def _arrays_out(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, str, list[i
 
 
 def write_checkpoint(f: BinaryIO, ckpt: Checkpoint) -> None:
-    """Write the version 2 file bytes of `ckpt` to `f`, `_CHUNK` bytes at a time (see the module
+    """Write the version 3 file bytes of `ckpt` to `f`, `_CHUNK` bytes at a time (see the module
     docstring). Raises what `f.write` raises."""
     ledger = ckpt.ledger
     whole = isinstance(ledger, (bytes, bytearray, memoryview))
@@ -133,12 +151,12 @@ def write_checkpoint(f: BinaryIO, ckpt: Checkpoint) -> None:
 
 
 def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
-    """Parse and verify a checkpoint file of `size` bytes from `f` (version 2 or 1); `CheckpointError`
+    """Parse and verify a checkpoint file of `size` bytes from `f` (version 3, 2 or 1); `CheckpointError`
     says what is wrong. Each array is read into the buffer it is returned in; the ledger part of a real
     file is hashed as it streams by and returned as a read-only view of the file, memory-mapped (the page
     cache's, not the process's: a restore decodes it without first holding a copy), else read."""
     head = f.read(len(MAGIC) + 8)
-    if size < len(MAGIC) + 8 + 32 or len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] not in (MAGIC, MAGIC_V1):
+    if size < len(MAGIC) + 8 + 32 or len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] not in (MAGIC, MAGIC_V2, MAGIC_V1):
         raise CheckpointError("not a checkpoint (bad magic or too short)")
     end = len(head) + int.from_bytes(head[len(MAGIC):], "big")
     if size != end + 32:
@@ -149,7 +167,8 @@ def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
     header_length = int.from_bytes(_read(f, 8, digest), "big")
     if header_length > min(_HEADER_MAX, end - len(head) - 8):
         raise CheckpointError(f"corrupt: a header of {header_length} bytes")
-    meta, ledger_length, sections = _parse_header(_read(f, header_length, digest))
+    meta, ledger_length, sections = _parse_header(_read(f, header_length, digest),
+                                                  _SECTIONS if head.startswith(MAGIC) else _SECTIONS_V2)
     sizes = ledger_length + sum(math.prod(shape) * dtype.itemsize for arrays in sections.values()
                                 for _, dtype, shape in arrays)
     if len(head) + 8 + header_length + sizes != end:
@@ -165,7 +184,7 @@ def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
             loaded[section][name] = a
     if _read(f, 32) != digest.digest():
         raise CheckpointError("checksum mismatch (corrupt file)")
-    return Checkpoint(meta, ledger, loaded["inner"], loaded["feedback"])
+    return Checkpoint(meta, ledger, loaded["inner"], loaded["feedback"], loaded.get("outer", {}))
 
 
 def encode_checkpoint(ckpt: Checkpoint) -> bytes:
@@ -228,20 +247,20 @@ def _read_into(f: BinaryIO, view: memoryview, digest: Any) -> None:
         digest.update(chunk)
 
 
-def _parse_header(raw: bytes) -> tuple[dict, int, dict[str, list[tuple[str, np.dtype, tuple[int, ...]]]]]:
+def _parse_header(raw: bytes, names: Sequence[str]) -> tuple[dict, int, dict[str, list[tuple[str, np.dtype, tuple[int, ...]]]]]:
     try:
         doc = msgpack.unpackb(raw, raw=False)
     except (msgpack.UnpackException, ValueError) as exc:
         raise CheckpointError(f"undecodable header: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) != {"meta", "ledger", *_SECTIONS}:
-        raise CheckpointError("header must be a map of meta, ledger, inner, feedback")
+    if not isinstance(doc, dict) or set(doc) != {"meta", "ledger", *names}:
+        raise CheckpointError(f"header must be a map of meta, ledger, {', '.join(names)}")
     meta, ledger_length = doc["meta"], doc["ledger"]
     if not isinstance(meta, dict) or type(meta.get("round")) is not int:
         raise CheckpointError("meta must hold an int round")
     if type(ledger_length) is not int or ledger_length < 0:
         raise CheckpointError("ledger must be a byte count")
     sections = {}
-    for section in _SECTIONS:
+    for section in names:
         items = doc[section]
         if not isinstance(items, list):
             raise CheckpointError(f"{section} must be a list")

@@ -29,7 +29,7 @@ from pathlib import Path
 import trio
 
 import p2p
-from node.checkpoint import Checkpoint, CheckpointDir
+from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
 from node.chaos import ChaosRoute, Tarpit
 from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
@@ -39,7 +39,8 @@ from node.logs import PEER
 from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
-from node.outer.outer_files import MappedBottom, payloads_to_blobs, remove_old_blobs, scratch_dir
+from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
+from node.outer.resume import restore_ledger
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
@@ -244,15 +245,15 @@ class NodeRuntime:
             ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
             if ckpt is not None:
                 try:
-                    snap, blobs = payloads_to_blobs(LedgerSnapshot.from_bytes(ckpt.ledger), self.host.store)
-                    ckpt = dataclasses.replace(ckpt, ledger=b"")  # the payloads are mapped blob files now
+                    ledger, snap, blobs = restore_ledger(ckpt, self.ledger_config, self.shapes, self.bottom_store,
+                                                         self.host.store)
+                    ckpt = dataclasses.replace(ckpt, ledger=b"", outer={})  # the payloads are mapped blob files now
                     rehomed.extend(blobs)
-                    ledger = Ledger.from_snapshot(snap, self.ledger_config, self.shapes, bottom=self.bottom_store)
                     params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
                     loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens, params=params)
                     loop.load_state_dict(ckpt.inner)
                     self.feedback.load_state_dict(ckpt.feedback)
-                except (RemoteProtocolError, LocalProtocolError) as exc:
+                except (RemoteProtocolError, LocalProtocolError, CheckpointError) as exc:
                     log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
                     self.feedback.reset()
                 else:

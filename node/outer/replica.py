@@ -309,6 +309,11 @@ class Replica:
 
         return await self._run(work)
 
+    async def checkpoint_state(self) -> tuple[LedgerSnapshot, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+        """A snapshot and the working state taken with it (`Ledger.working_state`, copies in the bottom
+        store's files): what a checkpoint holds so that a restore resumes without replaying the window."""
+        return await self._run(lambda: (self._ledger.snapshot(), self._ledger.working_state()))
+
     async def served_state(self, frozen: Callable[[bytes], bool]) -> ServedState:
         """A consistent view of the state for the state server (`node.sync.stateserve`): the snapshot's fields
         with empty bottom arrays, the digests, and the window bottom's arrays (a copy) only when

@@ -418,7 +418,8 @@ class Rounds:
     async def checkpoint(self, background: trio.Nursery | None = None) -> None:
         """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised.
 
-        The state (ledger snapshot, inner loop state, error-feedback residual, counters) is taken here,
+        The state (ledger snapshot and working state, inner loop state, error-feedback residual, counters) is
+        taken here,
         between rounds, so the parts agree; encoding and writing (fsync included) run in a worker thread.
         With `background`, that thread runs in a task of that nursery while the next round trains (skipped
         if the previous write is still running); without, it is awaited. One write at a time, so the last
@@ -427,7 +428,8 @@ class Rounds:
         if self.checkpoints is None or (background is not None and self._writing):
             return
         with self.stats.timed("checkpoint"):
-            snapshot, _, _ = await self.replica.snapshot()
+            snapshot, (theta, v) = await self.replica.checkpoint_state()
+            outer = {**{"params/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
             meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
                     "slot": snapshot.slot, "updates_published": self.stats.updates_published,
                     "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
@@ -439,7 +441,7 @@ class Rounds:
         checkpoints = self.checkpoints
 
         def work() -> None:
-            path = checkpoints.save(Checkpoint(meta, snapshot.to_pieces(), inner, feedback))  # streamed
+            path = checkpoints.save(Checkpoint(meta, snapshot.to_pieces(), inner, feedback, outer))  # streamed
             if path is not None:
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 

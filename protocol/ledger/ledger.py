@@ -99,6 +99,24 @@ def _state_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.array(a, dtype=STATE_DTYPE, copy=True, order="C") for name, a in arrays.items()}
 
 
+def _adopted_state(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
+    """A working state handed to :meth:`Ledger.from_snapshot`: its arrays, adopted when they are float32,
+    C-contiguous, writable and own their memory, else copied; ``BAD_STATE`` for other names or shapes, or a
+    non-finite value."""
+    if sorted(arrays) != sorted(shapes):
+        raise _bad_state(f"working {what} names differ from the snapshot's")
+    out = {}
+    for name, a in arrays.items():
+        if tuple(np.shape(a)) != tuple(shapes[name]):
+            raise _bad_state(f"working {what}[{name}]: shape {np.shape(a)}, the snapshot's is {tuple(shapes[name])}")
+        owned = isinstance(a, np.ndarray) and a.dtype == STATE_DTYPE and a.flags.c_contiguous \
+            and a.flags.writeable and a.flags.owndata
+        out[name] = a if owned else np.array(a, dtype=STATE_DTYPE, copy=True, order="C")
+        if not np.isfinite(out[name]).all():
+            raise _bad_state(f"working {what}[{name}] has non-finite values")
+    return out
+
+
 class Ledger:
     """One replica of the slot ledger. Pure and synchronous; not thread-safe (one owner)."""
 
@@ -123,7 +141,7 @@ class Ledger:
             np.shape(momentum[n]) != s for n, s in self._shapes.items()
         ):
             raise LocalProtocolError("momentum must have the same names and shapes as params")
-        self._restore(0, 0, params, momentum, dg.GENESIS, Totals(), [], set(), Counter())
+        self._restore(0, 0, params, momentum, dg.GENESIS, Totals(), [], set(), Counter(), None)
 
     def _restore(
         self,
@@ -136,9 +154,11 @@ class Ledger:
         entries: list[SlotEntry],
         seen: set[bytes],
         counters: Counter,
+        working: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None,
     ) -> None:
         """(Re)build every field from the persistent state; shared by ``__init__`` and snapshots. The
-        bottom's arrays are copied into the bottom store's."""
+        bottom's arrays are copied into the bottom store's; the working state is ``working`` (adopted, see
+        :meth:`from_snapshot`) or replayed from the bottom."""
         self._n = n
         self._base = base
         self._base_theta = self._store_copy(base_theta)
@@ -155,7 +175,7 @@ class Ledger:
         self._slots = {s: LiveSlot(s, self._shapes, self.config, es) for s, es in live.items()}
         if n in self._slots:
             self._slots[n].keep()  # the newest closed slot keeps its sums (the first fold into it computes them)
-        self._theta, self._v = self.canonical_state()
+        self._theta, self._v = self.canonical_state() if working is None else working
 
     # -- read-only views ----------------------------------------------------------------------------
     @property
@@ -226,6 +246,12 @@ class Ledger:
     def momentum(self, dtype: type = np.float32) -> dict[str, np.ndarray]:
         """Copy of the working momentum ``v_n``."""
         return {n: self._v[n].astype(dtype) for n in self._shapes}
+
+    def working_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Copies of the working ``θ_n, v_n`` in arrays of the bottom store (a node's: memory-mapped files,
+        no resident memory once written out): with a :meth:`snapshot` taken in the same operation, what
+        :meth:`from_snapshot` resumes from without replaying the window (a node's checkpoint)."""
+        return self._store_copy(self._theta), self._store_copy(self._v)
 
     # -- the state machine --------------------------------------------------------------------------
     def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray], payload: Payload | None = None) -> Outcome:
@@ -388,9 +414,14 @@ class Ledger:
         shapes: Mapping[str, tuple[int, ...]] | None = None,
         *,
         bottom: BottomStore | None = None,
+        working: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None,
     ) -> Ledger:
-        """A replica that continues exactly from ``snap`` (its working state is the canonical one; its
-        window bottom in ``bottom``'s arrays).
+        """A replica that continues exactly from ``snap`` (its window bottom in ``bottom``'s arrays). Its
+        working state is the canonical one, replayed from the bottom through the window (W outer steps of
+        work), or ``working``: the ``(θ_n, v_n)`` of :meth:`working_state` taken with ``snap`` by this
+        node itself (its own checkpoint: equal to the canonical state up to the float32 rounding of the late
+        folds, as before the restart). Arrays of ``working`` that are float32, C-contiguous, writable and own
+        their memory are adopted (the ledger writes them from now on), others copied.
 
         Checks that ``snap`` was made under the same config (fingerprint) and, if given, for a model of
         these ``shapes``, and that its entries are consistent; ``RemoteProtocolError(BAD_STATE)`` if not.
@@ -402,6 +433,8 @@ class Ledger:
         n, base = snap.slot, snap.base_slot
         if base != max(0, n - config.window):
             raise _bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
+        if working is not None:
+            working = tuple(_adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         seen = set(snap.seen)
         ids = [e.meta.update_id for e in snap.entries]
         if len(set(ids)) != len(ids) or not seen.issuperset(ids):
@@ -437,6 +470,7 @@ class Ledger:
             entries,
             seen,
             Counter(snap.counters),
+            working,
         )
         return self
 

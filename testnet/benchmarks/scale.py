@@ -32,8 +32,13 @@ Printed and written (``--json``):
 * ``snapshot_bytes_per_param``, ``snapshot_build_bytes_per_param`` (the peak RSS while writing one, above
   the steady state before), ``snapshot_write_s`` (snapshot, encode piece by piece into a file, fsync),
   ``snapshot_load_s`` (as a node restores from a checkpoint: the file memory-mapped and decoded, the
-  window's payloads moved to blob files, a ledger rebuilt, its digest checked; the first ledger is dropped
-  before, as a restarting node has none).
+  window's payloads moved to blob files, a ledger rebuilt by replaying the window, its digest checked; the
+  first ledger is dropped before, as a restarting node has none): how a restart restored before checkpoint
+  version 3, and what a snapshot without a working state costs.
+* ``checkpoint_bytes_per_param``, ``checkpoint_write_s``, ``restore_s``: the node's own checkpoint (version 3,
+  ``node.checkpoint``: the snapshot with the ledger's working state, written by ``CheckpointDir.save``) and
+  the restore a restarting node does from it (``node.outer.resume.restore_ledger``: no replay), its digest
+  checked. No inner-loop state (the benchmark has no model), so the bytes are the outer part's.
 
 A size that does not fit in this machine's memory fails with MemoryError or is killed; the JSON then has
 nothing for it (the caller records why).
@@ -58,7 +63,9 @@ from pathlib import Path
 
 import numpy as np
 
+from node.checkpoint import Checkpoint, CheckpointDir
 from node.outer.outer_files import MappedBottom, drop_pages, map_blob, payloads_to_blobs, return_freed_memory
+from node.outer.resume import restore_ledger
 from p2p.blobstore import BlobStore
 from protocol.compression import Codec, ErrorFeedback, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
@@ -207,6 +214,17 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         write_s, size = timed(write)
         snapshot_peak = sampler.peak
         print(f"  snapshot: {size / total:.1f} B/param written in {write_s:.2f} s", flush=True)
+        checkpoints = CheckpointDir(Path(tmp) / "checkpoints", keep=1)
+
+        def write_checkpoint() -> int:
+            snap, (theta, v) = ledger.snapshot(), ledger.working_state()
+            outer = {**{"params/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
+            saved = checkpoints.save(Checkpoint({"round": 1}, snap.to_pieces(), {}, {}, outer))
+            assert saved is not None, checkpoints.last_error
+            return saved.stat().st_size
+
+        checkpoint_write_s, checkpoint_size = timed(write_checkpoint)
+        print(f"  checkpoint: {checkpoint_size / total:.1f} B/param written in {checkpoint_write_s:.2f} s", flush=True)
 
         config, shapes, store = ledger.config, ledger.shapes, ledger.bottom_store
         del ledger  # a joiner loads a snapshot with no ledger of its own yet (and RAM is the limit here)
@@ -222,7 +240,17 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
             assert loaded.params_digest() == digest, "the snapshot loads to another state"
             return loaded
 
-        load_s, _ = timed(load)
+        def restore() -> Ledger:
+            """As a restarting node does (`node.runtime`): the newest checkpoint, then `restore_ledger`."""
+            ckpt = checkpoints.latest()
+            assert ckpt is not None, "the checkpoint does not load"
+            loaded, _, _ = restore_ledger(ckpt, config, shapes, store, BlobStore(Path(tmp) / "restored-blobs"))
+            assert loaded.params_digest() == digest, "the checkpoint restores another state"
+            return loaded
+
+        load_s = timed(lambda: load() and None)[0]  # the loaded ledger dropped before the next one
+        restore_s = timed(lambda: restore() and None)[0]
+        print(f"  snapshot load (replay) {load_s:.2f} s, restore from the checkpoint {restore_s:.2f} s", flush=True)
     sampler.stop()
     shutil.rmtree(blobs, ignore_errors=True)
     return {
@@ -243,6 +271,9 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         "snapshot_build_bytes_per_param": (snapshot_peak - steady) / total,
         "snapshot_write_s": write_s,
         "snapshot_load_s": load_s,
+        "checkpoint_bytes_per_param": checkpoint_size / total,
+        "checkpoint_write_s": checkpoint_write_s,
+        "restore_s": restore_s,
     }
 
 

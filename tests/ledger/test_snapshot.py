@@ -56,6 +56,30 @@ def test_round_trip_is_exact_and_the_joiner_continues_in_lockstep():
     assert joiner.add(*update("a1", 0, 0)) is Outcome.DUPLICATE  # dedup memory travels too
 
 
+def test_a_restart_resumes_from_its_working_state_bit_for_bit():
+    """A node's own checkpoint holds the working state with the snapshot (`Ledger.working_state`): the
+    restored ledger is the one before the restart, bit for bit, without a replay, and stays so."""
+    before = busy_ledger()  # its late fold left the working state a float32 rounding off the canonical one
+    snap = LedgerSnapshot.from_bytes(before.snapshot().to_bytes())
+    theta, v = before.working_state()
+    after = Ledger.from_snapshot(snap, CONFIG, SHAPES, working=(theta, v))
+    replayed = Ledger.from_snapshot(snap, CONFIG, SHAPES)
+    for led in (before, after, replayed):
+        led.add(*update("fold2", 3, 4))
+        led.add(*update("open", 4, 4))
+        led.close_slot()
+        led.add(*update("late2", 4, 4))
+    assert after.params_digest() == before.params_digest() == replayed.params_digest()
+    for name in SHAPES:
+        assert after.params()[name].tobytes() == before.params()[name].tobytes()
+        assert after.momentum()[name].tobytes() == before.momentum()[name].tobytes()
+    assert any(replayed.params()[n].tobytes() != before.params()[n].tobytes() for n in SHAPES)  # the rounding
+    with pytest.raises(RemoteProtocolError, match="working θ"):
+        Ledger.from_snapshot(snap, CONFIG, SHAPES, working=({"w": theta["w"]}, v))
+    with pytest.raises(RemoteProtocolError, match="non-finite"):
+        Ledger.from_snapshot(snap, CONFIG, SHAPES, working=(theta, {**v, "w": np.full((3, 2), np.nan, np.float32)}))
+
+
 def mutate(raw, fn):
     doc = msgpack.unpackb(raw, raw=False)
     fn(doc)

@@ -1,5 +1,5 @@
-"""Tier (a): checkpoint format version 2 — the documented layout, streaming writes and reads, version 1
-files still loading, damaged version 2 files skipped with their reason, writes interrupted mid-stream."""
+"""Tier (a): checkpoint format version 3 — the documented layout, streaming writes and reads, version 1 and 2
+files still loading, damaged files skipped with their reason, writes interrupted mid-stream."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import node.checkpoint as checkpoint_module
-from node.checkpoint import (MAGIC, MAGIC_V1, Checkpoint, CheckpointDir, CheckpointError, decode_checkpoint,
+from node.checkpoint import (MAGIC, MAGIC_V1, MAGIC_V2, Checkpoint, CheckpointDir, CheckpointError, decode_checkpoint,
                              encode_checkpoint, read_checkpoint, write_checkpoint)
 
 EXPECT = {"run_id": "r", "peer_id": "p"}
@@ -30,7 +30,21 @@ def ckpt(round_: int, big: int = 0) -> Checkpoint:
     if big:
         inner["opt/big"] = np.zeros(big, np.uint8)
     return Checkpoint({"round": round_, **EXPECT}, [b"ledger-", memoryview(bytes([round_]) * 100)], inner,
-                      {"w": np.arange(6, dtype=np.float32)})
+                      {"w": np.arange(6, dtype=np.float32)},
+                      {"params/w": np.full((3, 4), 0.5, np.float32), "momentum/w": np.full((3, 4), -1, np.float32)})
+
+
+def v2_file(meta: dict, ledger: bytes, inner: dict, feedback: dict) -> bytes:
+    """A version 2 file, as nodes before version 3 wrote them (no `outer` section)."""
+    def specs(d):
+        return [[n, d[n].dtype.str, list(d[n].shape)] for n in sorted(d)]
+
+    header = msgpack.packb({"meta": meta, "ledger": len(ledger), "inner": specs(inner), "feedback": specs(feedback)},
+                           use_bin_type=True)
+    body = len(header).to_bytes(8, "big") + header + ledger + b"".join(
+        d[n].tobytes() for d in (inner, feedback) for n in sorted(d))
+    head = MAGIC_V2 + len(body).to_bytes(8, "big")
+    return head + body + hashlib.sha256(head + body).digest()
 
 
 def v1_file(meta: dict, ledger: bytes, inner: dict, feedback: dict) -> bytes:
@@ -48,7 +62,7 @@ def test_the_layout_is_the_documented_one() -> None:
     """docs/checkpoint-format.md, byte by byte."""
     original = ckpt(3)
     data = encode_checkpoint(original)
-    assert data[:16] == MAGIC == b"DILOCO-CKPT\x00v2\n\x00"
+    assert data[:16] == MAGIC == b"DILOCO-CKPT\x00v3\n\x00"
     body_length = int.from_bytes(data[16:24], "big")
     assert len(data) == 24 + body_length + 32
     assert data[-32:] == hashlib.sha256(data[:-32]).digest()
@@ -56,24 +70,30 @@ def test_the_layout_is_the_documented_one() -> None:
     header = msgpack.unpackb(data[32: 32 + header_length])
     assert header == {"meta": {"round": 3, **EXPECT}, "ledger": 107,
                       "inner": [["params/w", "<f4", [3, 4]], ["step", "<i8", []]],
-                      "feedback": [["w", "<f4", [6]]]}
+                      "feedback": [["w", "<f4", [6]]],
+                      "outer": [["momentum/w", "<f4", [3, 4]], ["params/w", "<f4", [3, 4]]]}
     at = 32 + header_length
     assert data[at: at + 107] == b"ledger-" + bytes([3]) * 100
     assert data[at + 107: at + 107 + 48] == original.inner["params/w"].tobytes()
     assert data[at + 155: at + 163] == (3).to_bytes(8, "little")
-    assert data[at + 163: -32] == original.feedback["w"].tobytes()
+    assert data[at + 163: at + 187] == original.feedback["w"].tobytes()
+    assert data[at + 187: at + 235] == original.outer["momentum/w"].tobytes()
+    assert data[at + 235: -32] == original.outer["params/w"].tobytes()
+    theta, v = decode_checkpoint(data).working_state()
+    assert list(theta) == list(v) == ["w"] and (theta["w"] == 0.5).all() and (v["w"] == -1).all()
 
 
 def test_the_documented_example() -> None:
     data = encode_checkpoint(Checkpoint({"round": 3}, b"abc", {"step": np.asarray(3)}, {}))
-    assert len(data) == 125 and data[:0x5d] == bytes.fromhex(
-        "44 49 4c 4f 43 4f 2d 43 4b 50 54 00 76 32 0a 00"
-        "00 00 00 00 00 00 00 45 00 00 00 00 00 00 00 32"
-        "84 a4 6d 65 74 61 81 a5 72 6f 75 6e 64 03 a6 6c"
+    assert len(data) == 132 and data[:0x64] == bytes.fromhex(
+        "44 49 4c 4f 43 4f 2d 43 4b 50 54 00 76 33 0a 00"
+        "00 00 00 00 00 00 00 4c 00 00 00 00 00 00 00 39"
+        "85 a4 6d 65 74 61 81 a5 72 6f 75 6e 64 03 a6 6c"
         "65 64 67 65 72 03 a5 69 6e 6e 65 72 91 93 a4 73"
         "74 65 70 a3 3c 69 38 90 a8 66 65 65 64 62 61 63"
-        "6b 90 61 62 63 03 00 00 00 00 00 00 00")
-    assert data[0x5d:] == hashlib.sha256(data[:0x5d]).digest()
+        "6b 90 a5 6f 75 74 65 72 90 61 62 63 03 00 00 00"
+        "00 00 00 00")
+    assert data[0x64:] == hashlib.sha256(data[:0x64]).digest()
 
 
 def test_round_trip_keeps_every_dtype_and_shape() -> None:
@@ -123,12 +143,23 @@ def test_version_1_files_still_load(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got.inner["params/w"], inner["params/w"])
     assert got.inner["step"].dtype == np.int64 and int(got.inner["step"]) == 70
     np.testing.assert_array_equal(got.feedback["w"], feedback["w"])
-    d.save(ckpt(8))  # the next one is written as version 2 beside it
+    d.save(ckpt(8))  # the next one is written as version 3 beside it
     assert d.paths()[0].read_bytes()[:16] == MAGIC and d.latest().round == 8
     broken = bytearray(v1_file({"round": 9}, b"", {}, {}))
     broken[30] ^= 1
     with pytest.raises(CheckpointError, match="checksum"):
         decode_checkpoint(bytes(broken))
+
+
+def test_version_2_files_still_load_without_a_working_state(tmp_path: Path) -> None:
+    inner = {"params/w": np.full((3, 4), 2.5, np.float32), "step": np.asarray(70, np.int64)}
+    feedback = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    (tmp_path / "ckpt-00000007.dlc").write_bytes(v2_file({"round": 7, **EXPECT}, b"L" * 100, inner, feedback))
+    got = CheckpointDir(tmp_path, expect=EXPECT).latest()
+    assert got is not None and got.round == 7 and got.ledger == b"L" * 100
+    np.testing.assert_array_equal(got.inner["params/w"], inner["params/w"])
+    np.testing.assert_array_equal(got.feedback["w"], feedback["w"])
+    assert got.outer == {} and got.working_state() is None  # the restore replays the window
 
 
 def _header_end(data: bytes) -> int:
@@ -154,7 +185,7 @@ DAMAGE = [
 
 
 @pytest.mark.parametrize("name,damage,reason", DAMAGE, ids=[d[0] for d in DAMAGE])
-def test_a_damaged_version_2_file_is_skipped_with_its_reason(tmp_path: Path, caplog, name, damage, reason) -> None:
+def test_a_damaged_file_is_skipped_with_its_reason(tmp_path: Path, caplog, name, damage, reason) -> None:
     d = CheckpointDir(tmp_path, expect=EXPECT)
     d.save(ckpt(1))
     newest = d.save(ckpt(2, big=10_000))
