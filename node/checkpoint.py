@@ -7,11 +7,12 @@ File format (`ckpt-<round:08d>.dlc`), version 3 (byte by byte in docs/checkpoint
     body = header length H (u64 big-endian) || header (H bytes) || ledger || each array's raw bytes
 
 `header` is msgpack (binary strings on) of a map: `meta` (plain values), `ledger` (the byte length of the
-ledger snapshot encoding, `LedgerSnapshot.to_bytes()`), `inner`, `feedback` and `outer` (lists of [name,
-dtype, shape], in the order their raw little-endian C-order bytes follow the ledger). `outer` is the
-ledger's working state (`Ledger.working_state`: `params/<name>`, `momentum/<name>`), taken with the
-snapshot, so a restore resumes without replaying the window. Nothing is a msgpack bin, so no part has a
-size limit short of 2^64 bytes. Version 2 files (the same without `outer`: the restore replays) and
+ledger part), `inner`, `feedback` and `outer` (lists of [name, dtype, shape], in the order their raw
+little-endian C-order bytes follow the ledger). The ledger part and the `outer` arrays (the window
+bottom and the ledger's working state) are `node.outer.resume`'s: the window's payloads stay in the blob
+store, and a restore resumes without replaying the window. Nothing is a msgpack bin, so no part has a
+size limit short of 2^64 bytes. Version 2 files (the ledger part one `LedgerSnapshot.to_bytes()`, payloads
+inside, no `outer`: the restore decodes and replays) and
 version 1 files (the same envelope around one msgpack map holding everything, each part one bin of at most
 4 GiB − 1 bytes) are still read; a node built before a version skips its files (bad magic) and starts fresh.
 
@@ -77,28 +78,17 @@ class CheckpointError(Exception):
 class Checkpoint:
     """What a node needs to resume. `meta` holds plain values: `round`, `run_id`, `peer_id`, ...
 
-    `ledger` is the ledger snapshot's encoding: bytes, or the pieces whose concatenation it is
-    (`LedgerSnapshot.to_pieces()`), written one after the other without being joined. A loaded
-    checkpoint holds bytes. `outer` is the ledger's working state taken with that snapshot
-    (`params/<name>`, `momentum/<name>`; empty in a version 1 or 2 file)."""
+    `ledger` is the ledger part: bytes, or the pieces whose concatenation it is, written one after the
+    other without being joined. A loaded checkpoint holds bytes. `outer`: the ledger's arrays (window
+    bottom, working state) that go with a version 3 ledger part (`node.outer.resume`); `version`: the
+    file's (a version 1 or 2 ledger part is a `LedgerSnapshot` encoding, and `outer` is empty)."""
 
     meta: Mapping[str, Any]
     ledger: Bytes | Sequence[Bytes]
     inner: Mapping[str, np.ndarray] = field(default_factory=dict)
     feedback: Mapping[str, np.ndarray] = field(default_factory=dict)
     outer: Mapping[str, np.ndarray] = field(default_factory=dict)
-
-    def working_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-        """`outer` as the `(θ, v)` pair `Ledger.from_snapshot(working=...)` takes, or None without one."""
-        if not self.outer:
-            return None
-        parts = ({}, {})
-        for key, a in self.outer.items():
-            kind, _, name = key.partition("/")
-            if kind not in ("params", "momentum") or not name:
-                raise CheckpointError(f"outer array {key!r} is neither params/<name> nor momentum/<name>")
-            parts[kind == "momentum"][name] = a
-        return parts
+    version: int = 3
 
     @property
     def round(self) -> int:
@@ -184,7 +174,8 @@ def read_checkpoint(f: BinaryIO, size: int) -> Checkpoint:
             loaded[section][name] = a
     if _read(f, 32) != digest.digest():
         raise CheckpointError("checksum mismatch (corrupt file)")
-    return Checkpoint(meta, ledger, loaded["inner"], loaded["feedback"], loaded.get("outer", {}))
+    return Checkpoint(meta, ledger, loaded["inner"], loaded["feedback"], loaded.get("outer", {}),
+                      3 if head.startswith(MAGIC) else 2)
 
 
 def encode_checkpoint(ckpt: Checkpoint) -> bytes:
@@ -299,7 +290,8 @@ def _decode_v1(data: bytes) -> Checkpoint:
     meta, ledger = doc["meta"], doc["ledger"]
     if not isinstance(meta, dict) or type(meta.get("round")) is not int or not isinstance(ledger, bytes):
         raise CheckpointError("meta must hold an int round and ledger must be bytes")
-    return Checkpoint(meta, ledger, _arrays_in_v1(doc["inner"], "inner"), _arrays_in_v1(doc["feedback"], "feedback"))
+    return Checkpoint(meta, ledger, _arrays_in_v1(doc["inner"], "inner"), _arrays_in_v1(doc["feedback"], "feedback"),
+                      version=1)
 
 
 def _arrays_in_v1(doc: object, what: str) -> dict[str, np.ndarray]:

@@ -1,9 +1,10 @@
 """Get the model out: a checkpoint's global parameters as a safetensors file (`diloco-export`).
 
-A node's checkpoint (docs/checkpoint-format.md) holds the run's global state as a ledger snapshot: the
-parameters at the window's bottom and the updates applied since. `global_params` replays it (the same
-`protocol.ledger.Ledger` code every replica runs) to the parameters of the checkpoint's slot: what every
-node of the run agrees on, not the node's half-trained local copy.
+A node's checkpoint (docs/checkpoint-format.md) holds the run's global state: the node's replica of the
+outer optimizer's parameters at the checkpoint's slot (version 3: the ledger's working state, which every
+node that applied the same updates holds, up to the float32 rounding of late updates; a version 1 or 2
+checkpoint's ledger snapshot is replayed to them with the same `protocol.ledger.Ledger` code every replica
+runs) — what the nodes of the run agree on, not the node's half-trained local copy.
 
 The file is plain safetensors (https://github.com/huggingface/safetensors), readable without diloco:
 
@@ -57,7 +58,14 @@ def load_checkpoint(source: str | os.PathLike[str]) -> Checkpoint:
 
 
 def global_params(ckpt: Checkpoint) -> dict[str, np.ndarray]:
-    """The run's global parameters at the checkpoint's slot (float32), replayed from its ledger snapshot."""
+    """The run's global parameters at the checkpoint's slot (float32): the ledger's working state (version 3),
+    or replayed from the ledger snapshot (versions 1 and 2)."""
+    if ckpt.version >= 3:
+        prefix = "working/theta/"
+        params = {key[len(prefix):]: a for key, a in ckpt.outer.items() if key.startswith(prefix)}
+        if not params:
+            raise CheckpointError("the checkpoint holds no ledger working state (outer working/theta/*)")
+        return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in sorted(params.items())}
     try:
         snap = LedgerSnapshot.from_bytes(bytes(ckpt.ledger))
         ledger = Ledger.from_snapshot(snap, LedgerConfig.from_fingerprint(dict(snap.config)), snap.shapes)

@@ -40,7 +40,7 @@ from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
-from node.outer.resume import restore_ledger
+from node.outer.resume import referenced_blobs, restore_ledger
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
@@ -117,6 +117,8 @@ class NodeRuntime:
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
         self._connected: set[str] = set()  # peers connected at the last check between rounds
         self._synced_payloads: list[tuple[int, str]] = []  # payload blobs a join fetched before `rounds` existed
+        self._resume_from: Checkpoint | None = None  # the checkpoint `_prepare` restores, read first in `run`
+        self._resume_blobs: frozenset[str] = frozenset()  # the payload blobs it refers to
 
     def _checkpoint_dir(self) -> CheckpointDir | None:
         """The checkpoint directory, created and checked writable now (a one-line error, not a crash later)."""
@@ -171,7 +173,9 @@ class NodeRuntime:
             self.settings = dataclasses.replace(self.settings, eval_every=0)
         with scratch_dir() as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
-            removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs")
+            # the checkpoint first: the window's payload blobs it refers to stay, the rest goes
+            self._resume_from, self._resume_blobs = await trio.to_thread.run_sync(self._newest_checkpoint)
+            removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs", self._resume_blobs)
             if removed:
                 log.info("removed %d blobs (%.1f MB) left by a previous run of this node", removed, freed / 1e6)
             self.bottom_store = MappedBottom(data_dir / "outer")  # the ledger's window bottom, on disk
@@ -236,13 +240,24 @@ class NodeRuntime:
                               accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config,
                               admission=self.admission)
 
+    def _newest_checkpoint(self) -> tuple[Checkpoint | None, frozenset[str]]:
+        """The newest valid checkpoint (None without one) and the payload blobs it refers to. Blocking."""
+        ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
+        if ckpt is None:
+            return None, frozenset()
+        try:
+            return ckpt, referenced_blobs(ckpt)
+        except CheckpointError as exc:
+            log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
+            return None, frozenset()
+
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
         its parameters, without running the initialisers), else from the seed's initial parameters."""
         model, seed, tokens = self.task.model, self.settings.seed, self.task.tokens_per_batch
 
         def build() -> tuple[InnerLoop, Ledger, LedgerSnapshot | None, Checkpoint | None]:
-            ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
+            ckpt, self._resume_from = self._resume_from, None
             if ckpt is not None:
                 try:
                     ledger, snap, blobs = restore_ledger(ckpt, self.ledger_config, self.shapes, self.bottom_store,
@@ -256,6 +271,9 @@ class NodeRuntime:
                 except (RemoteProtocolError, LocalProtocolError, CheckpointError) as exc:
                     log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
                     self.feedback.reset()
+                    for blob in self._resume_blobs:  # nothing will refer to them
+                        self.host.store.remove(blob)
+                    self._resume_blobs = frozenset()
                 else:
                     return loop, ledger, snap, ckpt
             loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens)
@@ -335,6 +353,7 @@ class NodeRuntime:
             stats=self.stats, policy=self.policy, shapes=self.shapes, heldout=self.heldout,
             checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
         self.rounds.payloads.extend(self._synced_payloads)
+        self.rounds.pinned = self._resume_blobs  # until a newer checkpoint is written, the one resumed from counts
         self.state_server.replica = self.replica
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"

@@ -30,7 +30,8 @@ import numpy as np
 
 from protocol.ledger import STATE_DTYPE, LedgerSnapshot, Payload, PayloadDeltas, SnapshotEntry
 
-__all__ = ["MappedBottom", "drop_pages", "map_blob", "payloads_to_blobs", "remove_old_blobs", "return_freed_memory"]
+__all__ = ["MappedBlob", "MappedBottom", "drop_pages", "map_blob", "payload_blob", "payloads_to_blobs", "remove_old_blobs",
+           "return_freed_memory"]
 
 class BlobPut(Protocol):
     """What `payloads_to_blobs` needs of a blob store (`p2p.BlobStore`)."""
@@ -60,24 +61,44 @@ def return_freed_memory() -> bool:
         return False
 
 
+class MappedBlob(mmap.mmap):
+    """A blob file mapped read-only by `map_blob`; `blob` is its name in the blob store (the file's name,
+    64 hex digits of its SHA-256), None for a file named otherwise."""
+
+    blob: str | None = None
+
+
 def map_blob(path: Path) -> memoryview:
     """A read-only memory map of a stored blob: the ledger keeps an update's payload this way, so it stays
     on disk (the page cache's) instead of in the process. The file may be deleted while mapped."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return memoryview(b"")
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        mapped = MappedBlob(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped.blob = path.name if _is_blob_name(path.name) else None
+    return memoryview(mapped)
 
 
-def remove_old_blobs(directory: Path) -> tuple[int, int]:
+def payload_blob(payload: Payload) -> str | None:
+    """The blob-store name of a payload mapped from its blob file (`map_blob`), else None (bytes in memory)."""
+    data = payload.data
+    return data.obj.blob if isinstance(data, memoryview) and isinstance(data.obj, MappedBlob) else None
+
+
+def _is_blob_name(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def remove_old_blobs(directory: Path, keep: Iterable[str] = ()) -> tuple[int, int]:
     """Delete the blobs a previous process of this node left in its blob store `directory` (payloads of
-    updates long final, snapshots it served): a restart restores its ledger from the checkpoint, whose
-    snapshot holds the window's payloads, and fetches anything newer from its peers. Returns (blobs,
+    updates long final, snapshots it served), but those in `keep` (the window's payloads, which the
+    checkpoint a restart resumes from refers to): anything newer comes from its peers. Returns (blobs,
     bytes) removed. Only names the blob store gives its files (64 hex digits, or a `.part`) are touched."""
     removed = freed = 0
+    kept = frozenset(keep)
     if directory.is_dir():
         for entry in directory.iterdir():
-            if entry.is_file() and (len(entry.name) == 64 and all(c in "0123456789abcdef" for c in entry.name)
+            if entry.is_file() and (_is_blob_name(entry.name) and entry.name not in kept
                                     or entry.name.endswith(".part")):
                 freed += entry.stat().st_size
                 entry.unlink(missing_ok=True)

@@ -309,10 +309,11 @@ class Replica:
 
         return await self._run(work)
 
-    async def checkpoint_state(self) -> tuple[LedgerSnapshot, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
-        """A snapshot and the working state taken with it (`Ledger.working_state`, copies in the bottom
-        store's files): what a checkpoint holds so that a restore resumes without replaying the window."""
-        return await self._run(lambda: (self._ledger.snapshot(), self._ledger.working_state()))
+    async def checkpoint_state(self) -> tuple[LedgerSnapshot, tuple[dict[str, np.ndarray], dict[str, np.ndarray]], list[Row]]:
+        """A snapshot, the working state and the bottom's rows taken with it (`Ledger.working_state`: copies in
+        the bottom store's files): what a checkpoint holds (`node.outer.resume`), so that a restore resumes
+        without replaying the window."""
+        return await self._run(lambda: (self._ledger.snapshot(), self._ledger.working_state(), self._ledger.bottom_rows()))
 
     async def served_state(self, frozen: Callable[[bytes], bool]) -> ServedState:
         """A consistent view of the state for the state server (`node.sync.stateserve`): the snapshot's fields

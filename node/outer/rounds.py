@@ -41,6 +41,7 @@ import trio
 from node.chaos import Misbehave, Poison, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.outer.outer_files import map_blob
+from node.outer.resume import encode_ledger_part
 from node.outer.rebase import BaseShift
 from node.outer.replica import Replica
 from node.settings import NodeSettings
@@ -185,6 +186,9 @@ class Rounds:
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
         self.payloads: list[tuple[int, str]] = []  # (target slot, blob) of updates held, for clean-up
+        # payload blobs the newest checkpoint refers to (node.outer.resume): never cleaned up. Replaced whole
+        # (by the checkpoint writer's thread, read on the trio thread): a reader sees an old or a new set.
+        self.pinned: frozenset[str] = frozenset()
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._eval_s = 0.0  # duration of the last evaluation
         self._eval_round = stats.round  # round of the last evaluation (or of the start)
@@ -418,9 +422,10 @@ class Rounds:
     async def checkpoint(self, background: trio.Nursery | None = None) -> None:
         """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised.
 
-        The state (ledger snapshot and working state, inner loop state, error-feedback residual, counters) is
-        taken here,
-        between rounds, so the parts agree; encoding and writing (fsync included) run in a worker thread.
+        The state (the ledger's snapshot, working state and bottom rows, inner loop state, error-feedback
+        residual, counters) is taken here, between rounds, so the parts agree; encoding (the ledger part of
+        `node.outer.resume`: the window's payloads stay in the blob store, pinned against the clean-up) and
+        writing (fsync included) run in a worker thread.
         With `background`, that thread runs in a task of that nursery while the next round trains (skipped
         if the previous write is still running); without, it is awaited. One write at a time, so the last
         call (the final checkpoint) waits for a background write in flight and lands last.
@@ -428,8 +433,8 @@ class Rounds:
         if self.checkpoints is None or (background is not None and self._writing):
             return
         with self.stats.timed("checkpoint"):
-            snapshot, (theta, v) = await self.replica.checkpoint_state()
-            outer = {**{"params/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
+            snapshot, working, rows = await self.replica.checkpoint_state()
+            proofs = dict(self.replica.proofs)
             meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
                     "slot": snapshot.slot, "updates_published": self.stats.updates_published,
                     "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
@@ -438,11 +443,15 @@ class Rounds:
                     "proofs": proofs_doc(self.replica.proofs, (e.meta.update_id for e in snapshot.entries))}
             inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
         self._last_checkpoint = (self.stats.round, trio.current_time())
-        checkpoints = self.checkpoints
+        checkpoints, store = self.checkpoints, self.host.store
 
         def work() -> None:
-            path = checkpoints.save(Checkpoint(meta, snapshot.to_pieces(), inner, feedback, outer))  # streamed
+            part = encode_ledger_part(snapshot, working, rows, store, proofs)  # the payloads stay in the blob store
+            pinned = self.pinned | part.blobs  # kept from the clean-up while the file is written
+            self.pinned = pinned
+            path = checkpoints.save(Checkpoint(meta, part.data, inner, feedback, part.outer))  # streamed
             if path is not None:
+                self.pinned = part.blobs  # what the newest checkpoint needs; the older ones' may go
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 
         def report() -> None:  # trio thread: the stats are read by /status
@@ -474,8 +483,9 @@ class Rounds:
     def _collect_garbage(self) -> None:
         floor = self.replica.slot - 2 * self.replica.config.window
         keep = []
+        pinned = self.pinned
         for slot, blob in self.payloads:
-            if slot <= floor:
+            if slot <= floor and blob not in pinned:  # the newest checkpoint's window stays (node.outer.resume)
                 self.host.store.remove(blob)
                 self.host.router.forget_blob(blob)
             else:

@@ -65,7 +65,7 @@ def make_entry(
             raise RemoteProtocolError(Reason.NON_FINITE, f"{name} has non-finite values")
         now[name], norms[name] = x, norm
     if payload is not None:
-        kept: Mapping[str, np.ndarray] = PayloadDeltas(payload, shapes)
+        kept: Mapping[str, np.ndarray] = PayloadDeltas.measured(payload, shapes, norms)  # the payload's norms
     else:
         kept = now
         for name in given:  # only once every tensor passed: a refused update leaves the caller's arrays alone

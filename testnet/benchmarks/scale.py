@@ -36,9 +36,12 @@ Printed and written (``--json``):
   first ledger is dropped before, as a restarting node has none): how a restart restored before checkpoint
   version 3, and what a snapshot without a working state costs.
 * ``checkpoint_bytes_per_param``, ``checkpoint_write_s``, ``restore_s``: the node's own checkpoint (version 3,
-  ``node.checkpoint``: the snapshot with the ledger's working state, written by ``CheckpointDir.save``) and
-  the restore a restarting node does from it (``node.outer.resume.restore_ledger``: no replay), its digest
-  checked. No inner-loop state (the benchmark has no model), so the bytes are the outer part's.
+  ``node.checkpoint``: the ledger part of ``node.outer.resume`` with the window bottom and the ledger's
+  working state, written by ``CheckpointDir.save``) and
+  the restore a restarting node does from it (``node.outer.resume.restore_ledger``: the payloads checked
+  in the blob store by size and SHA-256, not decoded; no replay), its digest checked. No inner-loop state
+  (the benchmark has no model), so the bytes are the outer part's: the window's payloads stay in the blob
+  store, not in the checkpoint.
 
 A size that does not fit in this machine's memory fails with MemoryError or is killed; the JSON then has
 nothing for it (the caller records why).
@@ -65,7 +68,7 @@ import numpy as np
 
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.outer.outer_files import MappedBottom, drop_pages, map_blob, payloads_to_blobs, return_freed_memory
-from node.outer.resume import restore_ledger
+from node.outer.resume import encode_ledger_part, restore_ledger
 from p2p.blobstore import BlobStore
 from protocol.compression import Codec, ErrorFeedback, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
@@ -115,9 +118,9 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 class Peers:
     """``peers`` senders of updates drawn from one pseudo-gradient; sender 0 is this node."""
 
-    def __init__(self, draw: dict[str, np.ndarray], peers: int, codec: Codec, seed: int, blobs: Path) -> None:
+    def __init__(self, draw: dict[str, np.ndarray], peers: int, codec: Codec, seed: int, blobs: BlobStore) -> None:
         self.draw = draw
-        self.blobs = blobs
+        self.blobs = blobs  # the node's blob store keeps every payload on disk
         self.shapes = {name: x.shape for name, x in draw.items()}
         self.peers = peers
         self.codec = codec
@@ -137,14 +140,13 @@ class Peers:
         self.count += 1
         tag = f"peer{peer}/{self.count}"
         meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), f"peer{peer}", base, publish, 4096, 32)
-        path = self.blobs / meta.update_id.hex()  # the node's blob store keeps every payload on disk
         if peer == 0:
             took, data = timed(lambda: self.own.compress_payload(scaled))
             self.encode_s.append(took)
         else:
             data = encode_tensors(scaled, self.codec)
         del scaled
-        path.write_bytes(data)
+        path = self.blobs.path(self.blobs.put(data))
         del data
         payload = Payload(self.codec, map_blob(path))
         took, deltas = timed(lambda: PayloadDeltas.validated(payload, self.shapes))
@@ -170,7 +172,8 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
           f"drawing one pseudo-gradient ({steps} AdamW steps)…", flush=True)
     draw = adamw_delta(shapes, steps=steps, seed=seed)
     blobs = Path(tempfile.mkdtemp(prefix="scale-blobs-"))
-    source = Peers(draw, peers, codec, seed, blobs)
+    store = BlobStore(blobs / "blobs")
+    source = Peers(draw, peers, codec, seed, store)
     params0 = {name: np.full(shape, 0.0, dtype=np.float32) for name, shape in shapes.items()}  # resident
     held = sum(x.nbytes for x in params0.values())  # the initial params are the caller's
     before, before_anon = rss_bytes() - held, rss_bytes(anonymous=True) - held
@@ -217,16 +220,16 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         checkpoints = CheckpointDir(Path(tmp) / "checkpoints", keep=1)
 
         def write_checkpoint() -> int:
-            snap, (theta, v) = ledger.snapshot(), ledger.working_state()
-            outer = {**{"params/" + n: a for n, a in theta.items()}, **{"momentum/" + n: a for n, a in v.items()}}
-            saved = checkpoints.save(Checkpoint({"round": 1}, snap.to_pieces(), {}, {}, outer))
+            """As `node.outer.rounds` does: the ledger part (payloads referred to in the blob store), written."""
+            part = encode_ledger_part(ledger.snapshot(), ledger.working_state(), ledger.bottom_rows(), store)
+            saved = checkpoints.save(Checkpoint({"round": 1}, part.data, {}, {}, part.outer))
             assert saved is not None, checkpoints.last_error
             return saved.stat().st_size
 
         checkpoint_write_s, checkpoint_size = timed(write_checkpoint)
         print(f"  checkpoint: {checkpoint_size / total:.1f} B/param written in {checkpoint_write_s:.2f} s", flush=True)
 
-        config, shapes, store = ledger.config, ledger.shapes, ledger.bottom_store
+        config, shapes, bottom_store = ledger.config, ledger.shapes, ledger.bottom_store
         del ledger  # a joiner loads a snapshot with no ledger of its own yet (and RAM is the limit here)
 
         def load() -> Ledger:
@@ -236,7 +239,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
                 mapped = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
             snap, _ = payloads_to_blobs(LedgerSnapshot.from_bytes(mapped), BlobStore(Path(tmp) / "blobs"))
             del mapped
-            loaded = Ledger.from_snapshot(snap, config, shapes, bottom=store)
+            loaded = Ledger.from_snapshot(snap, config, shapes, bottom=bottom_store)
             assert loaded.params_digest() == digest, "the snapshot loads to another state"
             return loaded
 
@@ -244,7 +247,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
             """As a restarting node does (`node.runtime`): the newest checkpoint, then `restore_ledger`."""
             ckpt = checkpoints.latest()
             assert ckpt is not None, "the checkpoint does not load"
-            loaded, _, _ = restore_ledger(ckpt, config, shapes, store, BlobStore(Path(tmp) / "restored-blobs"))
+            loaded, _, _ = restore_ledger(ckpt, config, shapes, bottom_store, store)
             assert loaded.params_digest() == digest, "the checkpoint restores another state"
             return loaded
 
