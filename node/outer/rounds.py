@@ -439,7 +439,7 @@ class Rounds:
                     "slot": snapshot.slot, "updates_published": self.stats.updates_published,
                     "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
                     # what `diloco-export`/`diloco-sample` rebuild the model from
-                    "run_config": self.host.config.run_config if self.host is not None else "",
+                    "run_config": self.host.config.run_config,
                     "proofs": proofs_doc(self.replica.proofs, (e.meta.update_id for e in snapshot.entries))}
             inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
         self._last_checkpoint = (self.stats.round, trio.current_time())

@@ -17,6 +17,7 @@ from node.outer.replica import Replica
 from node.outer.rounds import PeerRoundClock, Rounds
 from node.settings import NodeSettings
 from node.status import NodeStats
+from p2p.blobstore import BlobStore
 from protocol.compression import ErrorFeedback
 from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, SlotClosePolicy
 
@@ -42,7 +43,9 @@ def make_rounds(tmp: Path, **settings) -> Rounds:
     stats = NodeStats("p")
     ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=4))
     checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
-    return Rounds(settings=s, host=None, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
+    # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
+    host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""))
+    return Rounds(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
                   stats=stats, policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES, heldout=[],
                   checkpoints=checkpoints, stop_requested=lambda: False, wait_change=None)
 
