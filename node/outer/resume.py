@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -64,12 +65,14 @@ class BlobStore(Protocol):
     def size(self, h: str) -> int: ...
 
 
+@dataclass(frozen=True)
 class LedgerPart:
     """A checkpoint's ledger part, written (`encode_ledger_part`): its bytes, its `outer` arrays and the
     payload blobs it refers to."""
 
-    def __init__(self, data: bytes, outer: Arrays, blobs: frozenset[str]) -> None:
-        self.data, self.outer, self.blobs = data, outer, blobs
+    data: bytes
+    outer: Arrays
+    blobs: frozenset[str]
 
 
 def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], rows: Iterable[Row],
@@ -86,10 +89,8 @@ def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], row
             codec, data = Codec.FP32, encode_tensors(dict(e.deltas), Codec.FP32)
             name = store.put(data)
         blobs[e.meta.update_id] = (codec, name, len(data))
-        entry_norms = e.deltas.norms if isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None \
-            else None
-        if entry_norms is None:
-            entry_norms = PayloadDeltas.validated(Payload(codec, data), snap.shapes).norms
+        measured = isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None  # the ledger's entries are
+        entry_norms = e.deltas.norms if measured else PayloadDeltas.validated(Payload(codec, data), snap.shapes).norms
         norms.append([e.meta.update_id, [float(entry_norms[n]) for n in sorted(snap.shapes)]])
     meta = StateMeta.of_snapshot(snap, blobs, BottomIndex.of_rows(rows), proofs)
     data = msgpack.packb({"format": FORMAT, "version": VERSION, "state": meta.to_bytes(), "norms": norms},
