@@ -40,7 +40,7 @@ from node.sync.repair import pull_missing
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
-from node.outer.resume import referenced_blobs, restore_ledger
+from node.outer.resume import newest_checkpoint, restore_ledger
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
@@ -174,7 +174,7 @@ class NodeRuntime:
         with scratch_dir() as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             # the checkpoint first: the window's payload blobs it refers to stay, the rest goes
-            self._resume_from, self._resume_blobs = await trio.to_thread.run_sync(self._newest_checkpoint)
+            self._resume_from, self._resume_blobs = await trio.to_thread.run_sync(newest_checkpoint, self.checkpoints)
             removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs", self._resume_blobs)
             if removed:
                 log.info("removed %d blobs (%.1f MB) left by a previous run of this node", removed, freed / 1e6)
@@ -239,17 +239,6 @@ class NodeRuntime:
                               advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
                               accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config,
                               admission=self.admission)
-
-    def _newest_checkpoint(self) -> tuple[Checkpoint | None, frozenset[str]]:
-        """The newest valid checkpoint (None without one) and the payload blobs it refers to. Blocking."""
-        ckpt = self.checkpoints.latest() if self.checkpoints is not None else None
-        if ckpt is None:
-            return None, frozenset()
-        try:
-            return ckpt, referenced_blobs(ckpt)
-        except CheckpointError as exc:
-            log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
-            return None, frozenset()
 
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from

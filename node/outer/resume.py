@@ -27,6 +27,7 @@ blob store, as before. Blocking: run it in a worker thread.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Protocol
 import msgpack
 import numpy as np
 
-from node.checkpoint import Checkpoint, CheckpointError
+from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
 from node.outer.outer_files import map_blob, payload_blob, payloads_to_blobs
 from protocol.compression import Codec, encode_tensors
 from protocol.errors import RemoteProtocolError
@@ -46,7 +47,9 @@ from protocol.ledger.proof import UpdateProof
 from protocol.ledger.statesync import BottomIndex, StateMeta
 from protocol.parallel import parallel_map
 
-__all__ = ["LedgerPart", "encode_ledger_part", "referenced_blobs", "restore_ledger"]
+__all__ = ["LedgerPart", "encode_ledger_part", "newest_checkpoint", "referenced_blobs", "restore_ledger"]
+
+log = logging.getLogger("node.runtime")
 
 FORMAT = "diloco-checkpoint-ledger"
 VERSION = 1
@@ -134,6 +137,19 @@ def referenced_blobs(ckpt: Checkpoint) -> frozenset[str]:
         return frozenset()
     meta, _ = _decode_part(ckpt)
     return frozenset(e.blob for e in meta.entries)
+
+
+def newest_checkpoint(checkpoints: CheckpointDir | None) -> tuple[Checkpoint | None, frozenset[str]]:
+    """The newest valid checkpoint of a node (None without one, or when its ledger part does not decode: logged)
+    and the payload blobs it refers to, which its restart must keep. Blocking."""
+    ckpt = checkpoints.latest() if checkpoints is not None else None
+    if ckpt is None:
+        return None, frozenset()
+    try:
+        return ckpt, referenced_blobs(ckpt)
+    except CheckpointError as exc:
+        log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
+        return None, frozenset()
 
 
 def _sha256_of_file(path: Path) -> str:

@@ -70,7 +70,7 @@ from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nes
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
-from protocol.ledger.storage import STATE_DTYPE, BottomStore, InMemory
+from protocol.ledger.storage import STATE_DTYPE, BottomStore, InMemory, adopted_state, state_copy
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
 
@@ -93,28 +93,6 @@ class ClosedSlot:
 
 def _bad_state(detail: str) -> RemoteProtocolError:
     return RemoteProtocolError(Reason.BAD_STATE, detail)
-
-
-def _state_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: np.array(a, dtype=STATE_DTYPE, copy=True, order="C") for name, a in arrays.items()}
-
-
-def _adopted_state(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
-    """A working state handed to :meth:`Ledger.from_snapshot`: its arrays, adopted when they are float32,
-    C-contiguous, writable and own their memory, else copied; ``BAD_STATE`` for other names or shapes, or a
-    non-finite value."""
-    if sorted(arrays) != sorted(shapes):
-        raise _bad_state(f"working {what} names differ from the snapshot's")
-    out = {}
-    for name, a in arrays.items():
-        if tuple(np.shape(a)) != tuple(shapes[name]):
-            raise _bad_state(f"working {what}[{name}]: shape {np.shape(a)}, the snapshot's is {tuple(shapes[name])}")
-        owned = isinstance(a, np.ndarray) and a.dtype == STATE_DTYPE and a.flags.c_contiguous \
-            and a.flags.writeable and a.flags.owndata
-        out[name] = a if owned else np.array(a, dtype=STATE_DTYPE, copy=True, order="C")
-        if not np.isfinite(out[name]).all():
-            raise _bad_state(f"working {what}[{name}] has non-finite values")
-    return out
 
 
 class Ledger:
@@ -345,7 +323,7 @@ class Ledger:
     def canonical_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
         function of the closed-slot count and the applied sets (bit-identical across replicas)."""
-        theta, v = _state_copy(self._base_theta), _state_copy(self._base_v)
+        theta, v = state_copy(self._base_theta), state_copy(self._base_v)
         self._settle_bottom()
         for s in range(self._base + 1, self._n + 1):
             self._canonical_step(theta, v, s)
@@ -434,7 +412,7 @@ class Ledger:
         if base != max(0, n - config.window):
             raise _bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
         if working is not None:
-            working = tuple(_adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
+            working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         seen = set(snap.seen)
         ids = [e.meta.update_id for e in snap.entries]
         if len(set(ids)) != len(ids) or not seen.issuperset(ids):

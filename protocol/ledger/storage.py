@@ -12,12 +12,14 @@ memory between passes. The ledger stays free of I/O: it only calls these two met
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
 
-__all__ = ["BottomStore", "InMemory", "STATE_DTYPE"]
+from protocol.ledger.fields import bad_state
+
+__all__ = ["BottomStore", "InMemory", "STATE_DTYPE", "adopted_state", "state_copy"]
 
 #: The dtype of the ledger's parameters and momentum (working state, window bottom, snapshots).
 STATE_DTYPE = np.dtype(np.float32)
@@ -43,3 +45,26 @@ class InMemory:
 
     def settle(self, arrays: Iterable[np.ndarray | memoryview]) -> None:
         pass
+
+
+def state_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fresh C-contiguous :data:`STATE_DTYPE` copies of ``arrays``."""
+    return {name: np.array(a, dtype=STATE_DTYPE, copy=True, order="C") for name, a in arrays.items()}
+
+
+def adopted_state(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
+    """A working state handed to ``Ledger.from_snapshot``: its arrays, adopted when they are float32,
+    C-contiguous, writable and own their memory, else copied; ``BAD_STATE`` for other names or shapes, or a
+    non-finite value."""
+    if sorted(arrays) != sorted(shapes):
+        raise bad_state(f"working {what} names differ from the snapshot's")
+    out = {}
+    for name, a in arrays.items():
+        if tuple(np.shape(a)) != tuple(shapes[name]):
+            raise bad_state(f"working {what}[{name}]: shape {np.shape(a)}, the snapshot's is {tuple(shapes[name])}")
+        owned = isinstance(a, np.ndarray) and a.dtype == STATE_DTYPE and a.flags.c_contiguous \
+            and a.flags.writeable and a.flags.owndata
+        out[name] = a if owned else np.array(a, dtype=STATE_DTYPE, copy=True, order="C")
+        if not np.isfinite(out[name]).all():
+            raise bad_state(f"working {what}[{name}] has non-finite values")
+    return out
