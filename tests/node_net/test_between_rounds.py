@@ -44,10 +44,28 @@ def make_rounds(tmp: Path, **settings) -> Rounds:
     ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=4))
     checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
     # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
-    host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""))
+    host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""),
+                                 router=types.SimpleNamespace(forget_blob=lambda blob: None))
     return Rounds(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
                   stats=stats, policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES, heldout=[],
                   checkpoints=checkpoints, stop_requested=lambda: False, wait_change=None)
+
+
+async def test_the_clean_up_spares_the_payloads_the_newest_checkpoint_refers_to(tmp_path: Path) -> None:
+    """Payload blobs more than two windows below the slot go, except those a checkpoint refers to (a restart
+    from it needs them: node.outer.resume); once a newer checkpoint no longer refers to them, they go too."""
+    rounds = make_rounds(tmp_path)
+    for _ in range(12):  # slot 12, window 4: blobs of slots <= 4 are due for the clean-up
+        await rounds.replica.close_open()
+    store = rounds.host.store
+    old, pinned, recent = (store.put(f"payload {i}".encode()) for i in range(3))
+    rounds.payloads = [(2, old), (3, pinned), (10, recent)]
+    rounds.pinned = frozenset({pinned})
+    rounds.collect_garbage()
+    assert not store.has(old) and store.has(pinned) and store.has(recent)
+    rounds.pinned = frozenset()  # a newer checkpoint was written
+    rounds.collect_garbage()
+    assert not store.has(pinned) and store.has(recent) and rounds.payloads == [(10, recent)]
 
 
 def test_evaluations_are_due_every_n_rounds_within_their_share_of_the_time(tmp_path: Path) -> None:
