@@ -37,6 +37,7 @@ from node.sync.forkhint import ForkHintRoute
 from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
 from node.sync.repair import pull_missing
+from node.hostconfig import host_config
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
@@ -45,14 +46,13 @@ from node.settings import NodeSettings, ledger_config, load_admission, run_confi
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
 from node.island.train import InnerLoop
-from node.outer.updates import accept_hook, decode_update, update_meta
+from node.outer.updates import decode_update, update_meta
 from protocol.compression import ErrorFeedback
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.gossip import GossipConfig
 from protocol.identity import Identity
 from protocol.ledger import ClosePolicyConfig, Ledger, LedgerSnapshot, Outcome, SlotClosePolicy
 from protocol.ledger.proof import proof_of, proofs_of_doc
-from protocol.messages import Goodbye, UpdateHeader, split_addr
+from protocol.messages import Goodbye, UpdateHeader
 
 __all__ = ["NodeRuntime", "Stopped"]
 
@@ -180,7 +180,8 @@ class NodeRuntime:
                 log.info("removed %d blobs (%.1f MB) left by a previous run of this node", removed, freed / 1e6)
             self.bottom_store = MappedBottom(data_dir / "outer")  # the ledger's window bottom, on disk
             async with trio.open_nursery() as nursery:
-                self.host = await nursery.start(p2p.run, self._host_config(data_dir))
+                self.host = await nursery.start(p2p.run, host_config(self.settings, self.identity, data_dir, self.shapes,
+                                                                      self.ledger_config, self.run_config, self.admission))
                 self._background = await nursery.start(self._background_tasks)
                 self._nursery = nursery  # background checkpoint writes: `_finish` waits for them
                 self.status = StatusRoutes(self.stats, self.host)
@@ -223,22 +224,6 @@ class NodeRuntime:
         async with trio.open_nursery() as nursery:
             task_status.started(nursery)
             await trio.sleep_forever()
-
-    def _host_config(self, data_dir: Path) -> p2p.HostConfig:
-        s = self.settings
-        host, gossip_port = split_addr(s.listen) if not s.listen.endswith(":0") else (s.listen[:-2], 0)
-        http_host, http_port = split_addr(s.http) if not s.http.endswith(":0") else (s.http[:-2], 0)
-        if http_host.strip("[]") != host.strip("[]"):
-            log.warning("--http host %s differs from --listen host %s: serving HTTP on %s", http_host, host, host)
-        gossip = GossipConfig(run_id=s.run_id, heartbeat_s=s.heartbeat_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                              dial_backoff_s=min(0.5, s.heartbeat_s), dial_backoff_max_s=max(2.0, 10 * s.heartbeat_s))
-        advertise_host, advertise_port = s.advertise_host_port()
-        return p2p.HostConfig(identity=self.identity, run_id=s.run_id, data_dir=Path(data_dir),
-                              listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
-                              advertise_host=advertise_host, advertise_gossip_port=advertise_port,
-                              advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                              accept=accept_hook(self.shapes, self.ledger_config), run_config=self.run_config,
-                              admission=self.admission)
 
     async def _prepare(self) -> None:
         """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from

@@ -65,6 +65,7 @@ from protocol.ledger.bound import check_claim
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
+from protocol.ledger.fields import bad_state
 from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nesterov_step
 from protocol.ledger.payload import Payload
@@ -89,10 +90,6 @@ class ClosedSlot:
     slot: int
     updates: int
     released: int
-
-
-def _bad_state(detail: str) -> RemoteProtocolError:
-    return RemoteProtocolError(Reason.BAD_STATE, detail)
 
 
 class Ledger:
@@ -405,21 +402,21 @@ class Ledger:
         these ``shapes``, and that its entries are consistent; ``RemoteProtocolError(BAD_STATE)`` if not.
         """
         if dict(snap.config) != config.fingerprint():
-            raise _bad_state(f"config differs: snapshot {dict(snap.config)} vs local {config.fingerprint()}")
+            raise bad_state(f"config differs: snapshot {dict(snap.config)} vs local {config.fingerprint()}")
         if shapes is not None and {n: tuple(s) for n, s in shapes.items()} != dict(snap.shapes):
-            raise _bad_state("tensor names or shapes differ from the local model")
+            raise bad_state("tensor names or shapes differ from the local model")
         n, base = snap.slot, snap.base_slot
         if base != max(0, n - config.window):
-            raise _bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
+            raise bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
         if working is not None:
             working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         seen = set(snap.seen)
         ids = [e.meta.update_id for e in snap.entries]
         if len(set(ids)) != len(ids) or not seen.issuperset(ids):
-            raise _bad_state("entry ids must be unique and listed in seen")
+            raise bad_state("entry ids must be unique and listed in seen")
         known = {o.value for o in Outcome} | {RELEASED, ORPHANED}
         if not known.issuperset(snap.counters):
-            raise _bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
+            raise bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
         self = cls.__new__(cls)
         self.config = config
         self.bottom_store = bottom or InMemory()
@@ -430,13 +427,13 @@ class Ledger:
                 check_meta(e.meta)
                 check_claim(e.meta, config)
             except RemoteProtocolError as exc:
-                raise _bad_state(f"entry: {exc}") from None
+                raise bad_state(f"entry: {exc}") from None
             target, live = e.meta.target_slot, base < e.slot <= n + 1
             held = e.slot > n + 1 and e.slot == target and e.slot <= n + 1 + config.max_future_slots
             if not (
                 held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))
             ):
-                raise _bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
+                raise bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
             entries.append(self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0])
         self._restore(
             n,
