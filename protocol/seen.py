@@ -2,9 +2,12 @@
 the seqno source an origin uses. Pure classes; `now` is Unix time in seconds, passed in.
 
 Why both: the seen-cache stops the normal gossip duplicates cheaply but must forget (memory). The seqno
-window remembers, per origin, which seqnos it accepted over the last `window_s`, and refuses anything
-older than that outright, so a replay that arrives after its seen-cache entry expired is still refused.
-Gossip reorders, so any unseen seqno inside the window is accepted.
+window remembers, per origin, which seqnos it accepted over the last `window_s` (and a tag of the message
+each was accepted with), and refuses anything older than that outright, so a replay that arrives after
+its seen-cache entry expired is still refused. An exact copy of an accepted message that arrives after its
+id left the seen-cache (an honest peer forwarding a message it fetched late, or answering an IWANT) is
+still a plain duplicate, not a replay: only another message under an accepted seqno is one. Gossip
+reorders, so any unseen seqno inside the window is accepted.
 
 Seqnos are microseconds since the Unix epoch at creation (`SeqnoSource`), so a restarted node's fresh
 messages are newer than everything it sent before, without persisting a counter, and a receiver that
@@ -67,12 +70,19 @@ class _Origin:
     high: int = 0  # largest accepted seqno
     low: int = 0  # seqnos <= low are refused (raised when the per-origin set overflows)
     heap: list[int] = field(default_factory=list)
-    accepted: set[int] = field(default_factory=set)
+    accepted: dict[int, int] = field(default_factory=dict)  # seqno -> tag of the message id accepted with it
+
+
+def _tag(message_id: bytes) -> int:
+    """The first 8 bytes of a message id: enough to tell an exact copy from another message (ids are
+    SHA-256 digests; a forger who matched 64 bits would only get its message dropped without penalty)."""
+    return int.from_bytes(message_id[:8], "big")
 
 
 class ReplayWindow:
-    """Per-origin seqno window. A seqno is refused (REPLAYED) if it was accepted before, or if it is
-    not newer than `max(now, newest accepted from that origin) - window_s`.
+    """Per-origin seqno window. A seqno is refused (REPLAYED) if it was accepted before with another
+    message, or if it is not newer than `max(now, newest accepted from that origin) - window_s`; the very
+    message it was accepted with is a DUPLICATE.
 
     `check` only reads; call `record` once the message passed every other check. Memory is bounded:
     at most `max_origins` origins (least recently active forgotten: for them only the absolute
@@ -96,24 +106,26 @@ class ReplayWindow:
         newest = max(int(now * MICROS), state.high if state else 0)
         return max(newest - self.window_us, state.low if state else 0)
 
-    def check(self, origin: str, seqno: int, now: float) -> None:
+    def check(self, origin: str, seqno: int, now: float, message_id: bytes) -> None:
         if seqno <= self.floor(origin, now):
             raise RemoteProtocolError(Reason.REPLAYED, f"seqno {seqno} of {origin} is older than the replay window")
         state = self._origins.get(origin)
-        if state is not None and seqno in state.accepted:
+        if state is not None and (tag := state.accepted.get(seqno)) is not None:
+            if tag == _tag(message_id):
+                raise RemoteProtocolError(Reason.DUPLICATE, f"seqno {seqno} of {origin}: accepted before")
             raise RemoteProtocolError(Reason.REPLAYED, f"seqno {seqno} of {origin} was already accepted")
 
-    def record(self, origin: str, seqno: int, now: float) -> None:
+    def record(self, origin: str, seqno: int, now: float, message_id: bytes) -> None:
         state = self._origins.pop(origin, None) or _Origin()
         self._origins[origin] = state  # most recently active last
         if seqno not in state.accepted:
-            state.accepted.add(seqno)
+            state.accepted[seqno] = _tag(message_id)
             heapq.heappush(state.heap, seqno)
         state.high = max(state.high, seqno)
         floor = self.floor(origin, now)
         while state.heap and (state.heap[0] <= floor or len(state.heap) > self.max_per_origin):
             dropped = heapq.heappop(state.heap)
-            state.accepted.discard(dropped)
+            state.accepted.pop(dropped, None)
             state.low = max(state.low, dropped) if dropped > floor else state.low
         while len(self._origins) > self.max_origins:
             self._origins.popitem(last=False)

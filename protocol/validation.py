@@ -96,7 +96,7 @@ class Validator:
         """Record a message as seen without validating it: call for every message this node publishes,
         so its own messages echoed back by gossip are DUPLICATE."""
         self.seen.add(signed.message_id, now)
-        self.replay.record(signed.origin, signed.seqno, now)
+        self.replay.record(signed.origin, signed.seqno, now, signed.message_id)
 
     def _validate(self, data: bytes, now: float) -> AnyMessage:
         if len(data) > self.max_frame_size:  # 1. size
@@ -108,7 +108,12 @@ class Validator:
         if isinstance(message, Signed):
             if self.seen.contains(message.message_id, now):  # 5. seen / replay
                 raise RemoteProtocolError(Reason.DUPLICATE, message.message_id.hex())
-            self.replay.check(message.origin, message.seqno, now)
+            try:
+                self.replay.check(message.origin, message.seqno, now, message.message_id)
+            except RemoteProtocolError as exc:
+                if exc.reason is Reason.DUPLICATE:  # a copy that outlived its seen-cache entry: remember
+                    self.seen.add(message.message_id, now)  # it again (no IWANT for it on the next IHAVE)
+                raise
             signing.verify(message)  # 6. signature
         _APPLICATION_CHECKS.get(type(body), _no_checks)(self, body)  # 7. application
         if isinstance(message, Signed):

@@ -188,7 +188,8 @@ class Router:
             if exc.reason is Reason.DUPLICATE:
                 return [Reject(peer, exc.reason, ""), *self._on_duplicate(peer, wire.decode(data), now)]
             if exc.reason is Reason.REPLAYED and (asked := wire.signed_message_id(data)) in self._iwant_asked:
-                self.validator.seen.add(asked, now)  # we forgot we accepted it: our fault; do not re-ask
+                # we asked for it (another message under an accepted seqno, or one older than our window):
+                self.validator.seen.add(asked, now)  # not the sender's fault; do not ask again
                 return [Reject(peer, exc.reason, "asked for with IWANT")]
             out = self._refuse(peer, exc.reason, exc.detail, now)
             if peer in self.peers and wire.signed_message_id(data) is None:

@@ -354,7 +354,7 @@ def test_update_headers_outlive_the_short_window_but_not_the_history() -> None:
     assert not any(m in cache for m in ids), "and are forgotten after history_s"
 
 
-def test_a_replayed_answer_to_our_own_iwant_is_not_penalized_nor_asked_again() -> None:
+def test_a_late_answer_to_our_own_iwant_is_a_duplicate_not_penalized_nor_asked_again() -> None:
     net = formed(2, **HEAL)
     mid = net.publish(0, os.urandom(64))
     one = net.nodes[1]
@@ -363,13 +363,15 @@ def test_a_replayed_answer_to_our_own_iwant_is_not_penalized_nor_asked_again() -
     one.router.forget_blob(blob)  # node 1 garbage-collected it; node 0 still holds it in its history
     for _ in range(int(one.router.validator.seen.ttl_s) + 2):  # and node 1's seen-cache forgot it
         net.tick()
+    before = len(one.rejects)
     for _ in range(2):  # two reconnects: each announces every held id anew
         net.partition([0], [1])
         net.heal()
         for _ in range(6):
             net.tick()
-    replayed = [r for r in one.rejects if r.reason is Reason.REPLAYED]
-    assert len(replayed) == 1, "asked once (anti-entropy), then remembered as seen"
+    late = [r.reason for r in one.rejects[before:]]
+    assert late == [Reason.DUPLICATE], "asked once (anti-entropy): the message it accepted, then remembered"
+    assert one.router.validator.counters.rejected[Reason.REPLAYED] == 0
     assert one.router.scores.score(net.nodes[0].peer_id) >= 0
     assert [d.message.message_id for d in one.delivered] == [mid], "never delivered twice"
 

@@ -10,6 +10,7 @@ from protocol.errors import Reason, RemoteProtocolError
 from protocol.seen import MICROS, ReplayWindow, SeenCache, SeqnoSource
 
 NOW = 1_800_000_000.0
+ID_A, ID_B = bytes(range(32)), bytes(range(1, 33))  # two message ids
 
 
 def test_seen_cache_expires_and_is_bounded():
@@ -45,15 +46,19 @@ def test_seen_cache_matches_a_bounded_insertion_ordered_model(ops):
 def test_replay_window_refuses_seen_and_old_seqnos():
     w = ReplayWindow(window_s=100)
     s = int(NOW * MICROS)
-    w.check("p", s, NOW)
-    w.record("p", s, NOW)
+    w.check("p", s, NOW, ID_A)
+    w.record("p", s, NOW, ID_A)
     with pytest.raises(RemoteProtocolError) as info:
-        w.check("p", s, NOW + 1)
+        w.check("p", s, NOW + 1, ID_B)
     assert info.value.reason == Reason.REPLAYED
-    w.check("p", s - 50 * MICROS, NOW)  # older but inside the window: reordering is fine
-    with pytest.raises(RemoteProtocolError):
-        w.check("p", s - 101 * MICROS, NOW)
-    w.check("q", s, NOW)  # other origins are independent
+    with pytest.raises(RemoteProtocolError) as info:  # the message it was accepted with, again
+        w.check("p", s, NOW + 1, ID_A)
+    assert info.value.reason == Reason.DUPLICATE
+    w.check("p", s - 50 * MICROS, NOW, ID_B)  # older but inside the window: reordering is fine
+    with pytest.raises(RemoteProtocolError) as info:
+        w.check("p", s - 101 * MICROS, NOW, ID_B)
+    assert info.value.reason == Reason.REPLAYED
+    w.check("q", s, NOW, ID_A)  # other origins are independent
 
 
 @given(st.lists(st.integers(0, 10_000), min_size=1, max_size=60))
@@ -63,25 +68,25 @@ def test_replay_window_accepts_each_seqno_once_in_any_order(offsets):
     accepted = set()
     for off in offsets:
         try:
-            w.check("p", base + off, NOW)
+            w.check("p", base + off, NOW, ID_B)
         except RemoteProtocolError:
             assert off in accepted or len(accepted) > 16  # only repeats, or ones pushed below the floor
             continue
         assert off not in accepted
-        w.record("p", base + off, NOW)
+        w.record("p", base + off, NOW, ID_A)
         accepted.add(off)
     for off in accepted:  # nothing accepted can ever be accepted again
         with pytest.raises(RemoteProtocolError):
-            w.check("p", base + off, NOW)
+            w.check("p", base + off, NOW, ID_B)
 
 
 def test_replay_window_forgets_least_recent_origins_but_keeps_the_time_floor():
     w = ReplayWindow(window_s=100, max_origins=2)
     for i, origin in enumerate("abc"):
-        w.record(origin, int(NOW * MICROS) + i, NOW)
+        w.record(origin, int(NOW * MICROS) + i, NOW, ID_A)
     assert len(w) == 2
     with pytest.raises(RemoteProtocolError):
-        w.check("a", int((NOW - 200) * MICROS), NOW)
+        w.check("a", int((NOW - 200) * MICROS), NOW, ID_A)
 
 
 def test_seqno_source_is_strictly_increasing_even_if_the_clock_steps_back():

@@ -84,14 +84,20 @@ def test_other_run_id_is_refused_for_every_kind():
     assert v.counters.rejected[Reason.WRONG_RUN_ID] == 2
 
 
-def test_duplicate_then_replay_after_seen_cache_expiry():
+def test_a_copy_after_seen_cache_expiry_is_a_duplicate_another_message_under_its_seqno_a_replay():
     v = Validator(RUN_ID, seen=SeenCache(ttl_s=10), replay=ReplayWindow(window_s=600))
-    data = wire.encode(signing.sign(ALICE, _update()))
+    update = _update()
+    data = wire.encode(signing.sign(ALICE, update))
     v.validate(data, NOW)
     assert _reject(v, data, NOW + 5) == Reason.DUPLICATE  # normal gossip duplicate
-    assert _reject(v, data, NOW + 60) == Reason.REPLAYED  # cache forgot it; the seqno window did not
+    # the seen-cache forgot it; the seqno window knows this very message: an honest late forward
+    assert _reject(v, data, NOW + 60) == Reason.DUPLICATE
+    assert v.seen.contains(signing.sign(ALICE, update).message_id, NOW + 61)  # remembered again
+    other = wire.encode(signing.sign(ALICE, dataclasses.replace(update, tokens=update.tokens + 1)))
+    assert _reject(v, other, NOW + 60) == Reason.REPLAYED  # another message under an accepted seqno
     assert _reject(v, data, NOW + 6000) == Reason.REPLAYED  # older than the window altogether
     assert v.counters.snapshot()["accepted"] == 1
+    assert v.counters.snapshot()["duplicate"] == 2
     assert v.counters.snapshot()["replayed"] == 2
 
 
