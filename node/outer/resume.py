@@ -92,7 +92,8 @@ def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], row
             codec, data = Codec.FP32, encode_tensors(dict(e.deltas), Codec.FP32)
             name = store.put(data)
         blobs[e.meta.update_id] = (codec, name, len(data))
-        measured = isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None  # the ledger's entries are
+        # a ledger's entries keep the norms measured when they were checked; others are decoded once here
+        measured = isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None
         entry_norms = e.deltas.norms if measured else PayloadDeltas.validated(Payload(codec, data), snap.shapes).norms
         norms.append([e.meta.update_id, [float(entry_norms[n]) for n in sorted(snap.shapes)]])
     meta = StateMeta.of_snapshot(snap, blobs, BottomIndex.of_rows(rows), proofs)
