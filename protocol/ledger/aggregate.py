@@ -10,7 +10,9 @@ counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_
 of the counted norms. With three or more counted updates, those whose direction disagrees with the sum of
 the others (cosine at most ``direction_screen``) are screened out of the tensor (``c_i = 0``, no weight) one
 at a time, the most disagreeing first, the cosines taken again among the rest each time, while three are
-left to judge by and more than half of them stay; two that disagree are both screened out. Then:
+left to judge by and more than half of them stay; two that disagree are both screened out. The cosines
+come from ``‖U_R‖²`` and ``⟨Δ_i, U_R⟩`` of the sum ``U_R`` over the updates still in (:class:`ScreenSums`:
+N + 1 inner products per element, in the same pass as ``U``), not from every pair's inner product. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -45,8 +47,8 @@ from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, PayloadDeltas, span_of
 
-__all__ = ["GramCache", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans", "norm_with_terms",
-           "slot_scale", "tensor_terms", "uses_radial"]
+__all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans",
+           "norm_with_terms", "screen_pass", "slot_scale", "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
 
@@ -93,46 +95,77 @@ class TensorTerms:
         return (self.weighted_norms / self.total_weight) / max(u_norm, self.floor)
 
 
-class GramCache:
-    """Inner products ``⟨Δ_i, Δ_j⟩`` of a slot's entries, per tensor, computed canonically (fixed chunks,
-    numpy's pairwise sum of the binary64 products within a chunk, ``math.fsum`` across chunks) and kept:
-    an entry's values never change (its id covers its payload), so a late update adds only its own row.
-    Owned by one :class:`~protocol.ledger.slot.LiveSlot` (a bare aggregate makes a throwaway one)."""
+#: The live terms of a tensor the screen judges: (entry, c_i) in ascending id order, every c_i ≠ 0.
+LiveTerms = Sequence[tuple[SlotEntry, float]]
+
+
+@dataclass(frozen=True)
+class ScreenSums:
+    """What the direction screen reads of a set ``R`` of a tensor's live terms, each computed canonically
+    (fixed chunks, numpy's pairwise sum within a chunk, ``math.fsum`` across chunks): ``‖U_R‖²`` of the
+    accumulator ``U_R = Σ_{j∈R} c_j Δ_j`` (summed as the aggregate's ``U`` is), ``⟨Δ_i, U_R⟩`` for each ``i``
+    in ``R`` (by id), and for a set of two, ``⟨Δ_a, Δ_b⟩``. From these, ``⟨Δ_i, U_{R−i}⟩`` and ``‖U_{R−i}‖²``
+    follow without the inner products of every pair (:func:`_screened`)."""
+
+    u_squared: float
+    along: Mapping[bytes, float]
+    pair: float | None = None
+
+
+class ScreenCache:
+    """:class:`ScreenSums` of the sets a slot's screen has judged, per tensor, keyed by the set's ids and
+    coefficients: a late update that changes the set costs one pass over the slot's payloads, a set seen
+    before nothing. Owned by one :class:`~protocol.ledger.slot.LiveSlot` (a bare aggregate makes a throwaway
+    one); tensors are summed in parallel threads, each writing its own keys."""
 
     def __init__(self) -> None:
-        self._dots: dict[tuple[str, bytes, bytes], float] = {}
+        self._sums: dict[tuple[str, tuple[tuple[bytes, float], ...]], ScreenSums] = {}
 
-    def dots(self, entries: Sequence[SlotEntry], name: str) -> Mapping[tuple[bytes, bytes], float]:
-        """``⟨Δ_i, Δ_j⟩`` for every pair (ids ascending within a pair) of ``entries``."""
-        ordered = sorted(entries, key=lambda e: e.meta.update_id)
-        pairs = [(a, b) for i, a in enumerate(ordered) for b in ordered[i:]
-                 if (name, a.meta.update_id, b.meta.update_id) not in self._dots]
-        if pairs:
-            self._compute(pairs, name)
-        return {(a.meta.update_id, b.meta.update_id): self._dots[(name, a.meta.update_id, b.meta.update_id)]
-                for i, a in enumerate(ordered) for b in ordered[i:]}
+    @staticmethod
+    def _key(name: str, live: LiveTerms) -> tuple[str, tuple[tuple[bytes, float], ...]]:
+        return name, tuple((e.meta.update_id, float(c)) for e, c in live)
 
-    def has(self, entries: Sequence[SlotEntry], name: str) -> bool:
-        """Whether every inner product of ``entries``' tensor ``name`` is known."""
-        ids = sorted(e.meta.update_id for e in entries)
-        return all((name, a, b) in self._dots for i, a in enumerate(ids) for b in ids[i:])
+    def get(self, name: str, live: LiveTerms) -> ScreenSums | None:
+        return self._sums.get(self._key(name, live))
 
-    def put(self, name: str, dots: Mapping[tuple[bytes, bytes], float]) -> None:
-        """Record inner products ``(id_a, id_b) → ⟨Δ_a, Δ_b⟩`` (ids ascending) taken canonically elsewhere
-        (``_accumulate_with_dots``: the same chunks and sums as :meth:`dots`)."""
-        for (a, b), value in dots.items():
-            self._dots[(name, a, b)] = value
+    def put(self, name: str, live: LiveTerms, sums: ScreenSums) -> None:
+        self._sums[self._key(name, live)] = sums
 
-    def _compute(self, pairs: list[tuple[SlotEntry, SlotEntry]], name: str) -> None:
-        involved = {e.meta.update_id: e for pair in pairs for e in pair}
-        size = _numel(next(iter(involved.values())), name)
-        parts: dict[tuple[bytes, bytes], list[float]] = {(a.meta.update_id, b.meta.update_id): [] for a, b in pairs}
-        for s in spans(size):
-            xs = {i: span_of(e.deltas, name, s).astype(_F64) for i, e in involved.items()}
-            for (i, j), out in parts.items():
-                out.append(float(np.sum(xs[i] * xs[j])))
-        for (i, j), out in parts.items():
-            self._dots[(name, i, j)] = math.fsum(out)
+    def sums(self, name: str, live: LiveTerms) -> ScreenSums:
+        """The sums of ``live`` (computed in one pass over its payloads when not known)."""
+        known = self.get(name, live)
+        if known is None:
+            known = screen_pass(live, name, _numel(live[0][0], name))
+            self.put(name, live, known)
+        return known
+
+
+def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = None) -> ScreenSums:
+    """One pass over ``live``'s payloads (each span of each decoded once) that sums ``U`` canonically (into
+    the flat float64 ``out`` when given, the aggregate's ``U`` for these terms, bit for bit: the same terms in
+    the same order, the same operations) and takes the :class:`ScreenSums` of ``live``."""
+    buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
+    squares: list[float] = []
+    along: list[list[float]] = [[] for _ in live]
+    pair: list[float] = []
+    for s in spans(size):
+        uc = out[s] if out is not None else buf[: s.stop - s.start]
+        t = tmp[: s.stop - s.start]
+        xs = [span_of(e.deltas, name, s).astype(_F64) for e, _ in live]
+        for k, (x, (_, c)) in enumerate(zip(xs, live, strict=True)):
+            if k == 0:
+                np.multiply(x, _F64(c), out=uc)
+            else:
+                np.multiply(x, _F64(c), out=t)
+                uc += t
+        squares.append(float(np.sum(np.square(uc, out=t))))
+        for part, x in zip(along, xs, strict=True):
+            part.append(float(np.sum(np.multiply(x, uc, out=t))))
+        if len(live) == 2:
+            pair.append(float(np.sum(np.multiply(xs[0], xs[1], out=t))))
+    return ScreenSums(u_squared=math.fsum(squares),
+                      along={e.meta.update_id: math.fsum(part) for (e, _), part in zip(live, along, strict=True)},
+                      pair=math.fsum(pair) if len(live) == 2 else None)
 
 
 def _numel(entry: SlotEntry, name: str) -> int:
@@ -152,57 +185,59 @@ def step_bound(entry: SlotEntry, name: str, config: LedgerConfig) -> float:
 
 
 def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str, config: LedgerConfig,
-              gram: GramCache | None) -> set[bytes]:
+              cache: ScreenCache | None) -> set[bytes]:
     """Ids of counted entries whose direction disagrees with the rest of the slot (see the module docstring):
-    among the ``m ≥ 3`` counted nonzero entries still in, entry ``i`` disagrees when the cosine ``q_i`` between
-    ``Δ_i`` and ``U_{-i} = Σ_{j≠i} c_j Δ_j`` is at most ``direction_screen``; the one with the smallest
-    ``q_i`` (ties: the smaller id) is screened out and the cosines are taken again, while at least three are
-    in and more than half of the ``m`` would stay. (All at once, a negated update's pull on the others' sums
-    could make every update of a three-update slot "disagree", and then nobody was screened.) With exactly two,
-    both are screened out when their cosine is at most ``direction_screen``: a step along their difference
-    would be noise (one honest update and one negated one)."""
-    live = sorted((e for e in kept if coefficients[e.meta.update_id] != 0.0), key=lambda e: e.meta.update_id)
+    among the ``m ≥ 3`` counted nonzero entries still in (``R``), entry ``i`` disagrees when the cosine ``q_i``
+    between ``Δ_i`` and ``U_{R−i} = Σ_{j∈R, j≠i} c_j Δ_j`` is at most ``direction_screen``; the one with the
+    smallest ``q_i`` (ties: the smaller id) is screened out and the cosines are taken again, while at least
+    three are in and more than half of the ``m`` would stay. (All at once, a negated update's pull on the
+    others' sums could make every update of a three-update slot "disagree", and then nobody was screened.)
+    With exactly two, both are screened out when their cosine is at most ``direction_screen``: a step along
+    their difference would be noise (one honest update and one negated one).
+
+    The cosines come from the :class:`ScreenSums` of ``R``: with ``d_i = ⟨Δ_i, U_R⟩`` and ``e_i = c_i‖Δ_i‖``,
+    ``⟨Δ_i, U_{R−i}⟩ = d_i − e_i‖Δ_i‖`` and ``‖U_{R−i}‖² = ‖U_R‖² − 2c_i d_i + e_i²`` (PROTOCOL.md, the
+    screen): one pass per round of the screen, and a second round only when the first screened one out."""
+    live = [(e, coefficients[e.meta.update_id])
+            for e in sorted(kept, key=lambda e: e.meta.update_id) if coefficients[e.meta.update_id] != 0.0]
     if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 2:
         return set()
-    dots = (gram or GramCache()).dots(live, name)
-
-    def g(a: bytes, b: bytes) -> float:
-        return dots[(a, b) if a <= b else (b, a)]
-
+    cache = cache if cache is not None else ScreenCache()
+    kappa = config.direction_screen
     if len(live) == 2:  # two that pull apart give no direction to step in: neither counts
-        (a, na), (b, nb) = ((e.meta.update_id, e.norms[name]) for e in live)
-        disagree = na <= 0.0 or nb <= 0.0 or g(a, b) <= config.direction_screen * na * nb
-        return {a, b} if disagree else set()
+        (a, _), (b, _) = live
+        na, nb = a.norms[name], b.norms[name]
+        disagree = na <= 0.0 or nb <= 0.0 or cache.sums(name, live).pair <= kappa * na * nb
+        return {a.meta.update_id, b.meta.update_id} if disagree else set()
 
-    c = {e.meta.update_id: coefficients[e.meta.update_id] for e in live}
-    norms = {e.meta.update_id: e.norms[name] for e in live}
-    remaining = [e.meta.update_id for e in live]
+    remaining = list(live)
     out: set[bytes] = set()
     while len(remaining) >= 3 and 2 * (len(remaining) - 1) > len(live):
-        worst: tuple[float, bytes] | None = None
-        for i in remaining:  # in id order: a tie keeps the smaller id
-            others = [j for j in remaining if j != i]
-            along = math.fsum(c[j] * g(i, j) for j in others)  # ⟨Δ_i, U_{-i}⟩
-            rest_sq = math.fsum(c[j] * c[k] * g(j, k) for j in others for k in others)  # ‖U_{-i}‖²
-            if rest_sq <= 0.0 or norms[i] <= 0.0:  # nothing to agree with, or no direction of its own
+        sums = cache.sums(name, remaining)
+        worst: tuple[float, int] | None = None
+        for k, (e, c) in enumerate(remaining):  # in id order: a tie keeps the smaller id
+            norm, d = e.norms[name], sums.along[e.meta.update_id]
+            own = c * norm
+            along = d - own * norm  # ⟨Δ_i, U_{R−i}⟩
+            rest_sq = math.fsum((sums.u_squared, (-2.0 * c) * d, own * own))  # ‖U_{R−i}‖²
+            if rest_sq <= 0.0 or norm <= 0.0:  # nothing to agree with, or no direction of its own
                 q = -math.inf
-            elif along <= config.direction_screen * norms[i] * math.sqrt(rest_sq):
-                q = along / (norms[i] * math.sqrt(rest_sq))
+            elif along <= kappa * norm * math.sqrt(rest_sq):
+                q = along / (norm * math.sqrt(rest_sq))
             else:
                 continue
             if worst is None or q < worst[0]:
-                worst = (q, i)
+                worst = (q, k)
         if worst is None:
             break
-        out.add(worst[1])
-        remaining.remove(worst[1])
+        out.add(remaining.pop(worst[1])[0].meta.update_id)
     return out
 
 
 def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
-                 gram: GramCache | None = None, *, screen: bool = True) -> TensorTerms:
-    """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring); ``gram`` keeps
-    the inner products the direction screen needs (computed here when not given). ``screen=False``: the
+                 sums: ScreenCache | None = None, *, screen: bool = True) -> TensorTerms:
+    """The terms of tensor ``name`` for a slot holding ``entries`` (see the module docstring); ``sums`` keeps
+    the sums the direction screen reads (computed here when not given). ``screen=False``: the
     terms before the direction screen (no inner products needed)."""
     radial = uses_radial(name, config)
     kept = counted(entries)
@@ -217,7 +252,7 @@ def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
             coefficients[e.meta.update_id] = e.weight / norm
         else:
             coefficients[e.meta.update_id] = e.weight if norm <= bound else e.weight * (bound / norm)
-    screened = _screened(kept, coefficients, name, config, gram) if screen else set()
+    screened = _screened(kept, coefficients, name, config, sums) if screen else set()
     if screened:
         for i in screened:
             coefficients[i] = 0.0
@@ -233,9 +268,9 @@ def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
 
 
 def slot_scale(entries: Sequence[SlotEntry], name: str, config: LedgerConfig, u_norm: float,
-               gram: GramCache | None = None) -> float:
+               sums: ScreenCache | None = None) -> float:
     """``s`` for tensor ``name`` of a slot holding ``entries`` whose accumulator has norm ``u_norm``."""
-    return tensor_terms(entries, name, config, gram).scale(u_norm)
+    return tensor_terms(entries, name, config, sums).scale(u_norm)
 
 
 def _buffer(size: int) -> np.ndarray:
@@ -259,13 +294,13 @@ def norm_with_terms(u: np.ndarray, name: str, terms: Sequence[tuple[Mapping[str,
 
 def canonical_spans(
     entries: Sequence[SlotEntry], name: str, config: LedgerConfig, size: int, out: np.ndarray | None = None,
-    gram: GramCache | None = None,
+    sums: ScreenCache | None = None,
 ) -> Iterator[tuple[slice, np.ndarray, float]]:
     """Tensor ``name``'s canonical ``U`` over ``entries``, span by span (the fixed chunking): yields
     ``(span, U over it, its sum of squares)``. ``U`` is written into ``out`` (a flat float64 array of
     ``size``) if given, else into one chunk-sized buffer reused for the next span."""
     ordered = sorted(entries, key=lambda e: e.meta.update_id)
-    coefficients = tensor_terms(entries, name, config, gram).coefficients
+    coefficients = tensor_terms(entries, name, config, sums).coefficients
     terms = [(e.deltas, _F64(c)) for e in ordered if (c := coefficients[e.meta.update_id]) != 0.0]
     buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
     for s in spans(size):
@@ -283,61 +318,40 @@ def canonical_spans(
         yield s, uc, float(np.sum(np.square(uc, out=t)))
 
 
-def _screen_needs_dots(terms: TensorTerms, config: LedgerConfig) -> bool:
-    """Whether the direction screen will read inner products for these terms (as ``_screened`` decides)."""
-    live = sum(c != 0.0 for c in terms.coefficients.values())
-    return config.direction_screen is not None and config.norm_clip != 0.0 and live >= 2
-
-
-def _accumulate_with_dots(
-    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, uf: np.ndarray, gram: GramCache
+def _accumulate_with_screen(
+    entries: Sequence[SlotEntry], name: str, config: LedgerConfig, uf: np.ndarray, sums: ScreenCache
 ) -> float | None:
     """One pass over tensor ``name``'s payloads that writes ``U`` with the coefficients *before* the direction
-    screen into the flat float64 ``uf`` and takes the inner products the screen reads (each span of each entry
-    decoded once for both, where :func:`canonical_spans` after :meth:`GramCache.dots` decodes it twice).
-    Returns ``‖U‖`` when the screen then leaves every coefficient as it was (honest slots: ``U`` is then the
-    canonical one, bit for bit: the same terms in the same order, the same operations), else None (the
-    caller sums again with the screened coefficients), and None at once when the screen needs no inner
-    products or ``gram`` has them all (a slot leaving the window: its close took them)."""
+    screen into the flat float64 ``uf`` and takes the screen's first :class:`ScreenSums` (:func:`screen_pass`:
+    each span of each entry decoded once for both). Returns ``‖U‖`` when the screen then leaves every
+    coefficient as it was (honest slots: ``U`` is then the canonical one, bit for bit), else None (the caller
+    sums again with the screened coefficients), and None at once when the screen reads nothing (fewer than
+    two live terms, or no screen) or ``sums`` has the sums already (a slot leaving the window: its close
+    took them)."""
     before = tensor_terms(entries, name, config, screen=False)
-    ordered = sorted(entries, key=lambda e: e.meta.update_id)
-    live = [(e, _F64(c)) for e in ordered if (c := before.coefficients[e.meta.update_id]) != 0.0]
-    if not _screen_needs_dots(before, config) or gram.has([e for e, _ in live], name):
+    live = [(e, c) for e in sorted(entries, key=lambda e: e.meta.update_id)
+            if (c := before.coefficients[e.meta.update_id]) != 0.0]
+    if config.direction_screen is None or config.norm_clip == 0.0 or len(live) < 2 or sums.get(name, live) is not None:
         return None
-    pairs = [(i, j) for i in range(len(live)) for j in range(i, len(live))]
-    parts: list[list[float]] = [[] for _ in pairs]
-    squares, tmp = [], _buffer(uf.size)
-    for s in spans(uf.size):
-        uc, t = uf[s], tmp[: s.stop - s.start]
-        xs = [span_of(e.deltas, name, s).astype(_F64) for e, _ in live]
-        for k, (x, (_, c)) in enumerate(zip(xs, live, strict=True)):
-            if k == 0:
-                np.multiply(x, c, out=uc)
-            else:
-                np.multiply(x, c, out=t)
-                uc += t
-        for part, (i, j) in zip(parts, pairs, strict=True):
-            part.append(float(np.sum(np.multiply(xs[i], xs[j], out=t))))
-        squares.append(float(np.sum(np.square(uc, out=t))))
-    gram.put(name, {(live[i][0].meta.update_id, live[j][0].meta.update_id): math.fsum(part)
-                    for part, (i, j) in zip(parts, pairs, strict=True)})
-    after = tensor_terms(entries, name, config, gram)
-    return math.sqrt(math.fsum(squares)) if after.coefficients == before.coefficients else None
+    first = screen_pass(live, name, uf.size, uf)
+    sums.put(name, live, first)
+    after = tensor_terms(entries, name, config, sums)
+    return math.sqrt(first.u_squared) if after.coefficients == before.coefficients else None
 
 
 def accumulate_sorted(
-    entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray], gram: GramCache | None = None
+    entries: Sequence[SlotEntry], config: LedgerConfig, out: Mapping[str, np.ndarray], sums: ScreenCache | None = None
 ) -> dict[str, float]:
     """Canonical ``U`` of ``entries`` written into the float64 arrays ``out``; returns each ``‖U‖``. A tensor
-    whose inner products ``gram`` lacks takes them in the same pass (:func:`_accumulate_with_dots`)."""
-    gram = gram if gram is not None else GramCache()
+    whose screen sums ``sums`` lacks takes them in the same pass (:func:`_accumulate_with_screen`)."""
+    sums = sums if sums is not None else ScreenCache()
 
     def one(name: str) -> float:
         uf = flat(out[name])
-        norm = _accumulate_with_dots(entries, name, config, uf, gram)
+        norm = _accumulate_with_screen(entries, name, config, uf, sums)
         if norm is not None:
             return norm
-        return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf, gram)))
+        return math.sqrt(math.fsum(part for _, _, part in canonical_spans(entries, name, config, uf.size, uf, sums)))
 
     names = list(out)
     return dict(zip(names, parallel_map(one, names), strict=True))
@@ -348,7 +362,7 @@ def aggregate(
 ) -> dict[str, np.ndarray]:
     """The canonical aggregate ``g = s·U`` (new float64 arrays, one per tensor in ``shapes``)."""
     out = {name: np.empty(shape, dtype=_F64) for name, shape in shapes.items()}
-    gram = GramCache()
-    for name, norm in accumulate_sorted(entries, config, out, gram).items():
-        out[name] *= _F64(slot_scale(entries, name, config, norm, gram))
+    sums = ScreenCache()
+    for name, norm in accumulate_sorted(entries, config, out, sums).items():
+        out[name] *= _F64(slot_scale(entries, name, config, norm, sums))
     return out

@@ -22,7 +22,8 @@ publishing every round, from moving the model more than an honest update would:
   with three or more counted updates, one whose cosine with the sum of the others is at most κ (0.05) is
   left out of that tensor's aggregate — a negated update's cosine is negative, a random direction's about
   ``1/sqrt(size)`` — unless that would leave out more than half (then there is no majority to judge by).
-  It needs the updates' inner products: one more pass over the slot's payloads (``GramCache``).
+  It needs ``‖U‖²`` and each update's inner product with ``U``, taken in the pass that sums ``U``
+  (``ScreenSums``); each further round of the screen, only when one was screened out, one more pass.
 
 ``norm_clip = 0`` disables all of it (the aggregate is then the unbounded one of earlier versions).
 """

@@ -80,7 +80,7 @@ def mean_step(slot: LiveSlot, name: str, theta: np.ndarray, v: np.ndarray, eta: 
     scale = {name: slot.terms(name).scale(0.0)}
     kept, parts = slot.kept_buffer(name), []
     kept_flat = None if kept is None else kept.reshape(-1)
-    for span, uc, part in canonical_spans(slot.entries, name, slot.config, theta.size, gram=slot.gram):
+    for span, uc, part in canonical_spans(slot.entries, name, slot.config, theta.size, sums=slot.screen):
         parts.append(part)
         if kept_flat is not None:
             kept_flat[span] = uc

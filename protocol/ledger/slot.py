@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ledger.aggregate import GramCache, SlotEntry, accumulate_sorted, norm_with_terms, tensor_terms
+from protocol.ledger.aggregate import ScreenCache, SlotEntry, accumulate_sorted, norm_with_terms, tensor_terms
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -52,8 +52,9 @@ class TermChange:
 KEPT_CONDITION = 16.0
 
 
-def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float, gram: GramCache) -> bool:
-    coefficients = tensor_terms(entries, name, config, gram).coefficients
+def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float,
+                      sums: ScreenCache) -> bool:
+    coefficients = tensor_terms(entries, name, config, sums).coefficients
     terms = math.fsum(abs(coefficients[e.meta.update_id]) * e.norms[name] for e in entries)
     return terms <= KEPT_CONDITION * norm
 
@@ -70,7 +71,7 @@ class LiveSlot:
         self.shapes = dict(shapes)
         self.entries: list[SlotEntry] = list(entries)
         self.kept: dict[str, tuple[np.ndarray, float]] = {}  # name → (float32 sum u, ‖u‖ in float64)
-        self.gram = GramCache()  # the entries' inner products the direction screen reads
+        self.screen = ScreenCache()  # the sums the direction screen read of this slot's sets
         self.keeping = False
 
     def keep(self, buffers: dict[str, tuple[np.ndarray, float]] | None = None) -> None:
@@ -107,20 +108,20 @@ class LiveSlot:
     def canonical_tensor(self, name: str, out: np.ndarray) -> tuple[float, float]:
         """Write tensor ``name``'s canonical ``u`` into the float64 array ``out`` (and keep it, rounded, if
         this slot keeps its sums); return (``‖u‖``, scale)."""
-        norm = accumulate_sorted(self.entries, self.config, {name: out}, self.gram)[name]
+        norm = accumulate_sorted(self.entries, self.config, {name: out}, self.screen)[name]
         self._store(name, out, norm)
         return norm, self.terms(name).scale(norm)
 
     def terms(self, name: str, extra: SlotEntry | None = None):
         """Tensor ``name``'s terms over this slot's entries (and ``extra``, a late one about to join)."""
-        return tensor_terms(self.entries if extra is None else [*self.entries, extra], name, self.config, self.gram)
+        return tensor_terms(self.entries if extra is None else [*self.entries, extra], name, self.config, self.screen)
 
     def fold_sum(self, name: str, entry: SlotEntry) -> np.ndarray:
         """The array the fold of a late ``entry``'s tensor ``name`` works in (:meth:`change_by`): the kept
         float32 sum itself if it is well conditioned and ``entry`` changes no other entry's coefficient
         (the norm bound or its origin's count: rare, and then the old terms may shrink far below the sum's
         rounding), else a new float64 array the sum is rebuilt in."""
-        if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.gram):
+        if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.screen):
             old, new = self.terms(name).coefficients, self.terms(name, entry).coefficients
             if all(new[i] == c for i, c in old.items()):
                 return self.kept[name][0]
@@ -134,7 +135,7 @@ class LiveSlot:
         if name in self.kept and self.kept[name][0] is u:
             norm_old = self.kept[name][1]
         else:
-            norm_old = accumulate_sorted(self.entries, self.config, {name: u}, self.gram)[name]
+            norm_old = accumulate_sorted(self.entries, self.config, {name: u}, self.screen)[name]
         old, new = self.terms(name), self.terms(name, entry)
         terms: list[Term] = [
             (e.deltas, new.coefficients[e.meta.update_id] - old.coefficients[e.meta.update_id])

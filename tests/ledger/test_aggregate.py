@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import Aggregation, LedgerConfig, UpdateMeta, Weighting, aggregate, staleness, update_weight
-from protocol.ledger.aggregate import GramCache, SlotEntry, accumulate_sorted, tensor_terms
+from protocol.ledger.aggregate import ScreenCache, SlotEntry, accumulate_sorted, tensor_terms
 from protocol.ledger.chunks import CHUNK, copy_with_norm, tensor_norm
 from protocol.ledger.bound import check_claim
 from protocol.ledger.weights import check_meta
@@ -211,10 +211,10 @@ def test_the_direction_screen_leaves_out_a_random_direction_but_never_the_majori
 
 
 @pytest.mark.parametrize("hostile", [False, True])
-def test_the_one_pass_sum_with_inner_products_is_the_two_pass_sum(hostile):
-    """A close takes the screen's inner products in the same pass as U (`_accumulate_with_dots`); the bits of U,
-    its norm and the inner products are those of taking the inner products first, then summing: with no update
-    screened out (U is kept), and with one screened out (U is summed again without it)."""
+def test_the_one_pass_sum_with_the_screens_sums_is_the_two_pass_sum(hostile):
+    """A close takes the screen's sums in the same pass as U (`_accumulate_with_screen`); the bits of U, its
+    norm and the screen's sums are those of screening first, then summing: with no update screened out (U is
+    kept), and with one screened out (U is summed again without it)."""
     rng = np.random.default_rng(5)
     shapes = {"big": (2 * CHUNK + 77,), "embed": (9, 5)}
     shared = {k: rng.standard_normal(s) for k, s in shapes.items()}
@@ -223,20 +223,76 @@ def test_the_one_pass_sum_with_inner_products_is_the_two_pass_sum(hostile):
     if hostile:
         es.append(entry("evil", 2.0, **{k: rng.standard_normal(s) for k, s in shapes.items()}))
     for config in (LedgerConfig(), LedgerConfig(embeddings=frozenset({"embed"}))):
-        two_pass = GramCache()
+        two_pass = ScreenCache()
         for name in shapes:
-            two_pass.dots(es, name)  # the inner products first: U is then summed in a pass of its own
+            tensor_terms(es, name, config, two_pass)  # the screen's sums first: U is then summed in a pass of its own
         out2 = {k: np.empty(s) for k, s in shapes.items()}
         norms2 = accumulate_sorted(es, config, out2, two_pass)
-        one_pass = GramCache()
+        one_pass = ScreenCache()
         out1 = {k: np.empty(s) for k, s in shapes.items()}
         norms1 = accumulate_sorted(es, config, out1, one_pass)
         assert norms1 == norms2
         for name in shapes:
             assert out1[name].tobytes() == out2[name].tobytes()
-            assert one_pass.dots(es, name) == two_pass.dots(es, name)
+            before = tensor_terms(es, name, config, screen=False).coefficients
+            live = [(e, before[e.meta.update_id]) for e in sorted(es, key=lambda e: e.meta.update_id)]
+            assert one_pass.get(name, live) is not None and one_pass.get(name, live) == two_pass.get(name, live)
         coefficients = tensor_terms(es, "big", config, one_pass).coefficients
         assert [e.meta.origin for e in es if coefficients[e.meta.update_id] == 0.0] == (["evil"] if hostile else [])
+
+
+def _screened_pairwise(es, name, config):
+    """The direction screen evaluated the way PROTOCOL.md defined it before the linear evaluation: from the
+    inner products of every pair, ``⟨Δ_i, U_{R−i}⟩ = Σ c_j G_ij`` and ``‖U_{R−i}‖² = Σ c_j c_k G_jk``."""
+    c = tensor_terms(es, name, config, screen=False).coefficients
+    live = sorted((e for e in es if c[e.meta.update_id] != 0.0), key=lambda e: e.meta.update_id)
+    x = {e.meta.update_id: e.deltas[name].astype(np.float64).reshape(-1) for e in live}
+    n = {e.meta.update_id: e.norms[name] for e in live}
+    kappa = config.direction_screen
+    if len(live) == 2:
+        a, b = (e.meta.update_id for e in live)
+        return {a, b} if float(x[a] @ x[b]) <= kappa * n[a] * n[b] else set()
+    remaining, out = [e.meta.update_id for e in live], set()
+    while len(remaining) >= 3 and 2 * (len(remaining) - 1) > len(live):
+        cosines = []
+        for i in remaining:
+            rest = sum(c[j] * x[j] for j in remaining if j != i)
+            along, rest_sq = float(x[i] @ rest), float(rest @ rest)
+            if along <= kappa * n[i] * math.sqrt(rest_sq):
+                cosines.append((along / (n[i] * math.sqrt(rest_sq)), i))
+        if not cosines:
+            break
+        worst = min(cosines)[1]
+        out.add(worst)
+        remaining.remove(worst)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_linear_screen_leaves_out_what_the_pairwise_screen_does(seed):
+    """The screen's cosines from ‖U_R‖² and ⟨Δ_i, U_R⟩ (N + 1 inner products) decide as the cosines from every
+    pair's inner product (N(N+1)/2) do, on slots of 2 to 12 updates with none to nearly half hostile of
+    every kind (negated, random, scaled, a copy of an honest one) and honest ones of unequal weights, over
+    the chunk boundary, for the radial and the mean aggregate."""
+    rng = np.random.default_rng(seed)
+    size = CHUNK + 1000
+    shared = rng.standard_normal(size)
+    decided = 0
+    for trial in range(8):
+        m = int(rng.integers(2, 13))
+        hostile = 0 if trial % 4 == 0 else int(rng.integers(1, max(2, (m + 1) // 2)))  # some honest-only slots
+        honest = [shared + float(rng.uniform(0.5, 3.0)) * rng.standard_normal(size) for _ in range(m - hostile)]
+        kinds = [lambda: -honest[0] * 2.0, lambda: rng.standard_normal(size), lambda: honest[-1] * 50.0,
+                 lambda: -(shared + rng.standard_normal(size))]
+        bad = [kinds[int(rng.integers(len(kinds)))]() for _ in range(hostile)]
+        es = [entry(f"s{seed}t{trial}h{i}", float(rng.uniform(1, 4)), w=x) for i, x in enumerate(honest)] + \
+             [entry(f"s{seed}t{trial}e{i}", float(rng.uniform(1, 4)), w=x) for i, x in enumerate(bad)]
+        for config in (LedgerConfig(), LedgerConfig(embeddings=frozenset({"w"}), norm_clip=2.0)):
+            coefficients = tensor_terms(es, "w", config).coefficients
+            linear = {i for i, c in coefficients.items() if c == 0.0}
+            assert linear == _screened_pairwise(es, "w", config)
+            decided += bool(linear)
+    assert decided >= 8  # the slots put the screen to work, not only honest slots it leaves alone
 
 
 def test_claims_beyond_the_runs_work_are_refused():

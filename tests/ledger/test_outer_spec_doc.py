@@ -125,7 +125,6 @@ class Spec:
         self.clip = float(c["norm_clip"])
         self.kappa = None if c["direction_screen"] == "nil" else float(c["direction_screen"])
         self.step_rms = None if c.get("max_step_rms", "nil") == "nil" else float(c["max_step_rms"])
-        self._dots: dict[tuple[str, str, str], float] = {}
         self.embeddings = set(c["embeddings"].strip("[]").split(","))
         self._norms: dict[tuple[str, str], float] = {}
         assert c["weighting"] == "tokens" and c["aggregation"] == "radial-directional" and c["stale_policy"] == "apply"
@@ -176,19 +175,18 @@ class Spec:
             (self.step_rms * self.ex.updates[tag]["steps"]) * math.sqrt(self.ex.updates[tag]["delta"][name].size)
         return min(self.bound(entries, name), own)
 
-    def dot(self, a: str, b: str, name: str) -> float:
-        """⟨x_a, x_b⟩: chunks of 65,536, P over the products within a chunk, fsum across chunks."""
-        key = (min(a, b), max(a, b), name)
-        if key not in self._dots:
-            fa = self.ex.updates[a]["delta"][name].astype(F64).reshape(-1)
-            fb = self.ex.updates[b]["delta"][name].astype(F64).reshape(-1)
-            self._dots[key] = math.fsum(pairwise((fa[i:i + CHUNK] * fb[i:i + CHUNK]).tolist())
-                                        for i in range(0, fa.size, CHUNK))
-        return self._dots[key]
+    @staticmethod
+    def inner(fa: np.ndarray, fb: np.ndarray) -> float:
+        """⟨y, z⟩: chunks of 65,536, P over the products within a chunk, fsum across chunks."""
+        return math.fsum(pairwise((fa[i:i + CHUNK] * fb[i:i + CHUNK]).tolist()) for i in range(0, fa.size, CHUNK))
+
+    def flat(self, tag: str, name: str) -> np.ndarray:
+        return self.ex.updates[tag]["delta"][name].astype(F64).reshape(-1)
 
     def screened(self, entries: list[tuple[str, float]], name: str) -> set[str]:
         """The direction screen: two that pull apart both go; of m ≥ 3, the one with the smallest cosine ≤ κ with
-        the others' sum goes (ties: smaller id), again while three are in and more than half of the m stay."""
+        the others' sum goes (ties: smaller id), again while three are in and more than half of the m stay; the
+        cosines from ‖U_R‖² and ⟨x_i, U_R⟩ of the sum U_R over the updates still in."""
         live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
         live = sorted(((t, c) for t, c in live if c != 0.0), key=lambda tc: self.uid(tc[0]))
         if self.clip == 0.0 or self.kappa is None or len(live) < 2:
@@ -196,14 +194,20 @@ class Spec:
         n = {t: self.norm(t, name) for t, _ in live}
         if len(live) == 2:
             (a, _), (b, _) = live
-            return {a, b} if min(n[a], n[b]) <= 0.0 or self.dot(a, b, name) <= self.kappa * n[a] * n[b] else set()
+            pulls_apart = self.inner(self.flat(a, name), self.flat(b, name)) <= self.kappa * n[a] * n[b]
+            return {a, b} if min(n[a], n[b]) <= 0.0 or pulls_apart else set()
         out: set[str] = set()
         while len(live) - len(out) >= 3 and 2 * (len(live) - len(out) - 1) > len(live):
+            rest_of = [(t, c) for t, c in live if t not in out]
+            u_r = None
+            for t, c in rest_of:  # the accumulator over R, as U is summed
+                u_r = self.flat(t, name) * F64(c) if u_r is None else u_r + self.flat(t, name) * F64(c)
+            u = self.inner(u_r, u_r)
             cosines = []
-            for t in (t for t, _ in live if t not in out):
-                others = [(u, c) for u, c in live if u != t and u not in out]
-                along = math.fsum(c * self.dot(t, u, name) for u, c in others)
-                rest = math.fsum(cj * ck * self.dot(j, k, name) for j, cj in others for k, ck in others)
+            for t, c in rest_of:
+                d = self.inner(self.flat(t, name), u_r)
+                e = c * n[t]
+                along, rest = d - e * n[t], math.fsum([u, (-2.0 * c) * d, e * e])
                 if rest <= 0.0 or n[t] <= 0.0 or along <= self.kappa * n[t] * math.sqrt(rest):
                     cosines.append((-math.inf if rest <= 0.0 or n[t] <= 0.0 else along / (n[t] * math.sqrt(rest)), t))
             if not cosines:
