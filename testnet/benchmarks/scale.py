@@ -25,7 +25,10 @@ Printed and written (``--json``):
 * ``peak_rss_bytes``: the process's peak resident set (``ru_maxrss``), draw included.
 * ``close_s``: ``Ledger.close_slot`` with ``peers`` updates in the open slot (median of 2).
 * ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; the check of its
-  payload excluded; the slot's sum is rebuilt from its payloads).
+  payload excluded) from an origin that already has one there (it counts only if its id is the smaller).
+* ``fold_new_origin_s``: the same for a late update of an origin that has none in that slot, the common
+  case in a run (a slow or restarted node's round): the slot's counted set grows, so the direction screen
+  takes its sums again, one pass over the slot's payloads, before the fold (median of 2).
 * ``decode_s``: checking one received payload (every tensor decoded, its norm kept).
 * ``digest_s``: ``Ledger.params_digest`` right after a change (what a status request costs).
 * ``encode_s``: compressing this node's own update with error feedback.
@@ -186,19 +189,21 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         source.fill_open_slot(ledger)
         ledger.close_slot()
         print(f"  slot {ledger.slot}/{window + 2} closed ({time.perf_counter() - started:.0f} s)", flush=True)
-    closes, folds = [], []
+    closes, folds, new_origin_folds = [], [], []
     for _ in range(2):
         source.fill_open_slot(ledger)
         closes.append(timed(ledger.close_slot)[0])
-        meta, deltas, payload = source.late(ledger, peer=1)
-        took, outcome = timed(lambda: ledger.add(meta, deltas, payload=payload))
-        assert outcome.value == "folded-late", outcome
-        folds.append(took)
-        del deltas
+        for peer, times in ((1, folds), (peers, new_origin_folds)):  # peer `peers` published nothing yet
+            meta, deltas, payload = source.late(ledger, peer=peer)
+            took, outcome = timed(lambda: ledger.add(meta, deltas, payload=payload))
+            assert outcome.value == "folded-late", outcome
+            times.append(took)
+            del deltas
     digest_s, digest = timed(ledger.params_digest)
     outer_peak, outer_peak_anon = sampler.peak, sampler.peak_anon
     print(f"  outer: {(outer_peak - before) / total:.1f} B/param at peak; close {statistics.median(closes):.3f} s, "
-          f"fold {statistics.median(folds):.3f} s, digest {digest_s:.3f} s", flush=True)
+          f"fold {statistics.median(folds):.3f} s (new origin {statistics.median(new_origin_folds):.3f} s), "
+          f"digest {digest_s:.3f} s", flush=True)
     sampler.reset()
     steady = rss_bytes()
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,6 +272,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "close_s": statistics.median(closes),
         "fold_s": statistics.median(folds),
+        "fold_new_origin_s": statistics.median(new_origin_folds),
         "decode_s": statistics.median(source.decode_s),
         "digest_s": digest_s,
         "encode_s": statistics.median(source.encode_s),
