@@ -151,18 +151,18 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
-        xs = [span_of(e.deltas, name, s).astype(_F64) for e, _ in live]
+        xs = [span_of(e.deltas, name, s) for e, _ in live]  # float32: each product below is widened exactly
         for k, (x, (_, c)) in enumerate(zip(xs, live, strict=True)):
             if k == 0:
-                np.multiply(x, _F64(c), out=uc)
+                np.multiply(x, _F64(c), out=uc, dtype=_F64)
             else:
-                np.multiply(x, _F64(c), out=t)
+                np.multiply(x, _F64(c), out=t, dtype=_F64)
                 uc += t
         squares.append(float(np.sum(np.square(uc, out=t))))
         for part, x in zip(along, xs, strict=True):
-            part.append(float(np.sum(np.multiply(x, uc, out=t))))
+            part.append(float(np.sum(np.multiply(x, uc, out=t, dtype=_F64))))
         if len(live) == 2:
-            pair.append(float(np.sum(np.multiply(xs[0], xs[1], out=t))))
+            pair.append(float(np.sum(np.multiply(xs[0], xs[1], out=t, dtype=_F64))))
     return ScreenSums(u_squared=math.fsum(squares),
                       along={e.meta.update_id: math.fsum(part) for (e, _), part in zip(live, along, strict=True)},
                       pair=math.fsum(pair) if len(live) == 2 else None)
