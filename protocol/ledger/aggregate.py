@@ -36,7 +36,7 @@ norms or displaces an entry of its origin; the fold then takes every changed ter
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +140,22 @@ class ScreenCache:
         return known
 
 
+def _sum_span(terms: Iterable[tuple[np.ndarray, np.float64]], uc: np.ndarray, t: np.ndarray) -> None:
+    """The accumulator ``U`` over one span (PROTOCOL.md, Aggregate): ``uc = c·x`` for the first term, then
+    ``uc += c·x`` in the given (id) order, each product ``float64(x)·c`` rounded once (``t`` a scratch
+    buffer of the span's size); ``+0`` with no term."""
+    first = True
+    for x, c in terms:
+        if first:
+            np.multiply(x, c, out=uc, dtype=_F64)
+            first = False
+        else:
+            np.multiply(x, c, out=t, dtype=_F64)
+            uc += t
+    if first:
+        uc[...] = 0.0
+
+
 def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = None) -> ScreenSums:
     """One pass over ``live``'s payloads (each span of each decoded once) that sums ``U`` canonically (into
     the flat float64 ``out`` when given, the aggregate's ``U`` for these terms, bit for bit: the same terms in
@@ -152,12 +168,7 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
         xs = [span_of(e.deltas, name, s) for e, _ in live]  # float32: each product below is widened exactly
-        for k, (x, (_, c)) in enumerate(zip(xs, live, strict=True)):
-            if k == 0:
-                np.multiply(x, _F64(c), out=uc, dtype=_F64)
-            else:
-                np.multiply(x, _F64(c), out=t, dtype=_F64)
-                uc += t
+        _sum_span(zip(xs, (_F64(c) for _, c in live)), uc, t)
         squares.append(float(np.sum(np.square(uc, out=t))))
         for part, x in zip(along, xs, strict=True):
             part.append(float(np.sum(np.multiply(x, uc, out=t, dtype=_F64))))
@@ -306,15 +317,7 @@ def canonical_spans(
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
-        if not terms:
-            uc[...] = 0.0
-        for i, (deltas, c) in enumerate(terms):
-            x = span_of(deltas, name, s)  # float32; each product below is float64(x)·c, one rounding
-            if i == 0:
-                np.multiply(x, c, out=uc, dtype=_F64)
-            else:
-                np.multiply(x, c, out=t, dtype=_F64)
-                uc += t
+        _sum_span(((span_of(deltas, name, s), c) for deltas, c in terms), uc, t)
         yield s, uc, float(np.sum(np.square(uc, out=t)))
 
 
