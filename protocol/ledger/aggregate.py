@@ -12,7 +12,9 @@ the others (cosine at most ``direction_screen``) are screened out of the tensor 
 at a time, the most disagreeing first, the cosines taken again among the rest each time, while three are
 left to judge by and more than half of them stay; two that disagree are both screened out. The cosines
 come from ``‖U_R‖²`` and ``⟨Δ_i, U_R⟩`` of the sum ``U_R`` over the updates still in (:class:`ScreenSums`:
-N + 1 inner products per element, in the same pass as ``U``), not from every pair's inner product. Then:
+N + 1 inner products per element, in the same pass as ``U``), not from every pair's inner product; a set
+the slot proved to keep everyone from bounds (a late update of a new origin:
+:mod:`protocol.ledger.screen_bounds`, :meth:`ScreenCache.certify`) takes no pass at all. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -46,8 +48,10 @@ from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, PayloadDeltas, span_of
+from protocol.ledger.screen_bounds import ScreenBounds, keeps_everyone
 
-__all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "canonical_spans",
+__all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "bound_terms",
+           "canonical_spans",
            "norm_with_terms", "screen_pass", "slot_scale", "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
@@ -120,6 +124,7 @@ class ScreenCache:
 
     def __init__(self) -> None:
         self._sums: dict[tuple[str, tuple[tuple[bytes, float], ...]], ScreenSums] = {}
+        self._certified: dict[tuple[str, tuple[tuple[bytes, float], ...]], ScreenBounds] = {}
 
     @staticmethod
     def _key(name: str, live: LiveTerms) -> tuple[str, tuple[tuple[bytes, float], ...]]:
@@ -131,6 +136,26 @@ class ScreenCache:
     def put(self, name: str, live: LiveTerms, sums: ScreenSums) -> None:
         self._sums[self._key(name, live)] = sums
 
+    def bounds(self, name: str, live: LiveTerms) -> ScreenBounds | None:
+        """Intervals holding the sums of ``live``: around its exact sums, or a certificate's; None when
+        neither is known."""
+        known = self.get(name, live)
+        if known is not None:
+            return ScreenBounds.exact(known.u_squared, known.along, bound_terms(live, name))
+        return self._certified.get(self._key(name, live))
+
+    def certify(self, name: str, live: LiveTerms, bounds: ScreenBounds, kappa: float) -> bool:
+        """Given ``bounds`` holding the sums of ``live``: whether they prove that the screen (threshold
+        ``kappa``) keeps every update of ``live`` (:func:`~protocol.ledger.screen_bounds.keeps_everyone`);
+        if so, recorded: :func:`_screened` then judges ``live`` without its sums."""
+        if not keeps_everyone(bounds, bound_terms(live, name), kappa):
+            return False
+        self._certified[self._key(name, live)] = bounds
+        return True
+
+    def certified(self, name: str, live: LiveTerms) -> bool:
+        return self._key(name, live) in self._certified
+
     def sums(self, name: str, live: LiveTerms) -> ScreenSums:
         """The sums of ``live`` (computed in one pass over its payloads when not known)."""
         known = self.get(name, live)
@@ -138,6 +163,11 @@ class ScreenCache:
             known = screen_pass(live, name, _numel(live[0][0], name))
             self.put(name, live, known)
         return known
+
+
+def bound_terms(live: LiveTerms, name: str) -> list[tuple[bytes, float, float]]:
+    """``(id, c_i, ‖Δ_i‖)`` of each of ``live``'s terms, the form :mod:`protocol.ledger.screen_bounds` reads."""
+    return [(e.meta.update_id, float(c), e.norms[name]) for e, c in live]
 
 
 def _sum_span(terms: Iterable[tuple[np.ndarray, np.float64]], uc: np.ndarray, t: np.ndarray) -> None:
@@ -221,6 +251,8 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
         disagree = na <= 0.0 or nb <= 0.0 or cache.sums(name, live).pair <= kappa * na * nb
         return {a.meta.update_id, b.meta.update_id} if disagree else set()
 
+    if cache.certified(name, live):  # proven from bounds to keep everyone (a late update of a new origin)
+        return set()
     remaining = list(live)
     out: set[bytes] = set()
     while len(remaining) >= 3 and 2 * (len(remaining) - 1) > len(live):

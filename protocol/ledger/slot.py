@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ledger.aggregate import ScreenCache, SlotEntry, accumulate_sorted, norm_with_terms, tensor_terms
+from protocol.ledger.aggregate import (
+    ScreenCache, SlotEntry, accumulate_sorted, bound_terms, norm_with_terms, tensor_terms,
+)
+from protocol.ledger.screen_bounds import along_kept, extend, kept_interval
 from protocol.ledger.config import LedgerConfig
 
 __all__ = ["LiveSlot", "TermChange"]
@@ -122,10 +125,40 @@ class LiveSlot:
         (the norm bound or its origin's count: rare, and then the old terms may shrink far below the sum's
         rounding), else a new float64 array the sum is rebuilt in."""
         if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.screen):
+            self._certify(name, entry)
             old, new = self.terms(name).coefficients, self.terms(name, entry).coefficients
             if all(new[i] == c for i, c in old.items()):
                 return self.kept[name][0]
         return np.empty(self.shapes[name], dtype=np.float64)
+
+    def _certify(self, name: str, entry: SlotEntry) -> None:
+        """Before a late ``entry`` of an origin new to this slot joins: try to prove, without decoding the
+        slot's payloads, that the direction screen of the new set keeps everyone
+        (:mod:`protocol.ledger.screen_bounds`: from the sums of the current set, the kept sum and the new
+        update, in one pass over those two). Only when the current set's screen kept everyone (the kept sum
+        is then the sum over its live terms) and the entry changes no other coefficient; otherwise, or when
+        the bounds do not clear the threshold, the screen takes its sums as before."""
+        config = self.config
+        if config.direction_screen is None or config.norm_clip == 0.0:
+            return
+        before = tensor_terms(self.entries, name, config, screen=False).coefficients
+        if self.terms(name).coefficients != before:
+            return
+        joined = tensor_terms([*self.entries, entry], name, config, screen=False).coefficients
+        c_new = joined[entry.meta.update_id]
+        if not c_new > 0.0 or any(joined[i] != c for i, c in before.items()):
+            return
+        by_id = {e.meta.update_id: e for e in self.entries}
+        live = [(by_id[i], c) for i, c in sorted(before.items()) if c != 0.0]
+        bounds = self.screen.bounds(name, live)
+        if bounds is None:
+            return
+        y = along_kept(self.kept[name][0], entry.deltas, name)
+        terms, norm = bound_terms(live, name), entry.norms[name]
+        grown = extend(bounds, terms, (entry.meta.update_id, c_new, norm),
+                       kept_interval(y, norm, terms, folds=len(self.entries) + 1))
+        self.screen.certify(name, sorted([*live, (entry, c_new)], key=lambda t: t[0].meta.update_id), grown,
+                            config.direction_screen)
 
     def change_by(self, entry: SlotEntry, name: str, now: Mapping[str, np.ndarray], u: np.ndarray) -> TermChange:
         """For a late ``entry`` whose tensors to apply are ``now``: how tensor ``name``'s aggregate changes

@@ -8,7 +8,10 @@ the window bottom kept in memory-mapped files as the node keeps them): a transfo
 tensor shapes of about ``--params`` parameters (``testnet.benchmarks.pseudograd``), one AdamW-like
 pseudo-gradient drawn over them (the codec benchmark's generator, with fewer steps at large sizes: the
 draw's values matter for compression, not for the costs measured here), and ``--peers`` senders whose
-updates are that draw times a per-update lognormal scale. Sender 0 is *this* node: its updates go through
+updates are that draw times a per-update lognormal scale: all of a slot's updates point the same way.
+``--cosine ρ`` (below 1) adds to each update its own Gaussian noise, sized so that two updates of a slot
+are at cosine ~ρ, as pseudo-gradients of different islands are: what the direction screen's decisions (and
+a late fold's certificate, ``protocol.ledger.screen_bounds``) see in a run. Sender 0 is *this* node: its updates go through
 :class:`~protocol.compression.ErrorFeedback` (whose residual is node state); the others' are encoded, and
 checked as a receiving node checks them (every tensor decoded once, the ledger then reads the payload). The ledger closes ``window + 2`` slots with one update per peer in
 each, so its window is full and two slots are final.
@@ -121,8 +124,13 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 class Peers:
     """``peers`` senders of updates drawn from one pseudo-gradient; sender 0 is this node."""
 
-    def __init__(self, draw: dict[str, np.ndarray], peers: int, codec: Codec, seed: int, blobs: BlobStore) -> None:
+    def __init__(self, draw: dict[str, np.ndarray], peers: int, codec: Codec, seed: int, blobs: BlobStore,
+                 cosine: float = 1.0) -> None:
         self.draw = draw
+        # each update's own noise, per tensor: σ² = 1/ρ − 1 times the draw's mean square puts two updates at ~ρ
+        spread = math.sqrt(1.0 / cosine - 1.0)
+        self.noise = {name: np.float32(spread * math.sqrt(float(np.mean(np.square(x, dtype=np.float64)))))
+                      for name, x in draw.items()} if cosine < 1.0 else {}
         self.blobs = blobs  # the node's blob store keeps every payload on disk
         self.shapes = {name: x.shape for name, x in draw.items()}
         self.peers = peers
@@ -140,6 +148,8 @@ class Peers:
         (``node.outer.updates.decode_update``; the node's rounds do the same for its own)."""
         scale = np.float32(self.rng.lognormal(0.0, 0.3))
         scaled = {name: x * scale for name, x in self.draw.items()}
+        for name, sigma in self.noise.items():
+            scaled[name] += self.rng.standard_normal(scaled[name].shape, dtype=np.float32) * (sigma * scale)
         self.count += 1
         tag = f"peer{peer}/{self.count}"
         meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), f"peer{peer}", base, publish, 4096, 32)
@@ -167,7 +177,7 @@ class Peers:
         return self.update(peer, ledger.slot - 1, ledger.slot - 1)
 
 
-def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> dict[str, float | int]:
+def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosine: float = 1.0) -> dict[str, float | int]:
     shapes = transformer_shapes(params)
     total = sum(math.prod(s) for s in shapes.values())
     steps = 16 if total <= 20_000_000 else 2
@@ -176,7 +186,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int) -> di
     draw = adamw_delta(shapes, steps=steps, seed=seed)
     blobs = Path(tempfile.mkdtemp(prefix="scale-blobs-"))
     store = BlobStore(blobs / "blobs")
-    source = Peers(draw, peers, codec, seed, store)
+    source = Peers(draw, peers, codec, seed, store, cosine)
     params0 = {name: np.full(shape, 0.0, dtype=np.float32) for name, shape in shapes.items()}  # resident
     held = sum(x.nbytes for x in params0.values())  # the initial params are the caller's
     before, before_anon = rss_bytes() - held, rss_bytes(anonymous=True) - held
@@ -293,10 +303,14 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--codec", default="int4", choices=[c.value for c in Codec])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cosine", type=float, default=1.0,
+                    help="about the cosine between two updates of a slot (default 1: one direction, scaled)")
     ap.add_argument("--json", type=Path, help="write the figures to this file")
     args = ap.parse_args()
     return_freed_memory()  # as the node does at start
-    figures = measure(int(args.params), args.peers, args.window, Codec(args.codec), args.seed)
+    if not 0.0 < args.cosine <= 1.0:
+        ap.error(f"--cosine must be in (0, 1], got {args.cosine}")
+    figures = measure(int(args.params), args.peers, args.window, Codec(args.codec), args.seed, args.cosine)
     width = max(map(len, figures))
     for key, value in figures.items():
         print(f"{key:>{width}}: {value:.3f}" if isinstance(value, float) else f"{key:>{width}}: {value}")

@@ -1,0 +1,163 @@
+"""The direction screen's verdict on a late update of a new origin, certified without a pass over the slot.
+
+When a late update ``n`` of an origin that has nothing in the newest closed slot joins it, the screen
+(:func:`protocol.ledger.aggregate._screened`) must judge the new set ``R' = R ∪ {n}``, and its sums
+(``‖U_{R'}‖²``, each ``⟨Δ_i, U_{R'}⟩``) need every payload of the slot decoded: nearly a close's work, for a
+verdict that on honest slots is nearly always "everyone stays". This module proves that verdict instead,
+when it holds by far more than any rounding, from what the ledger already has:
+
+* the screen's sums of ``R`` (exact: the close took them), or intervals holding them (an earlier
+  certificate: :class:`ScreenBounds`);
+* ``y = ⟨Δ_n, U_R⟩``, within the rounding of the slot's kept float32 sum (one pass over the new update and
+  that sum: :func:`along_kept`);
+* for the unknown ``⟨Δ_i, Δ_n⟩``, the angles to ``U_R``: if ``Δ_i`` is at angle ``a`` from ``U_R`` and ``Δ_n``
+  at angle ``b``, they are at most ``a + b`` apart (the triangle inequality on the sphere), so
+  ``⟨Δ_i, Δ_n⟩ ≥ ‖Δ_i‖‖Δ_n‖ cos(min(π, a + b))``; and at most ``‖Δ_i‖‖Δ_n‖``.
+
+From these, :func:`extend` bounds the sums of ``R'`` and :func:`keeps_everyone` checks that every cosine the
+screen would take of ``R'`` (PROTOCOL.md, "Direction screen") is above ``κ`` by more than
+``MARGIN``: then the canonical screen, evaluated in floating point on any replica, keeps every update of
+``R'`` (its rounding moves each compared quantity by ~1e-13 of the scale ``‖Δ_i‖·Σ_j c_j‖Δ_j‖``, where
+the margin is 1e-6 of it), and the ledger skips the pass. When the bounds do not clear ``κ`` by the margin,
+nothing is decided here: the screen takes the exact sums as before. The verdict, and so every replica's
+bits, is the same either way; only the work differs. Certificates chain (a second new origin extends the
+first one's intervals), widening each time until a pass is needed again.
+
+Pure: numbers and arrays in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.ledger.chunks import flat, spans
+from protocol.ledger.payload import span_of
+
+__all__ = ["MARGIN", "ScreenBounds", "along_kept", "extend", "keeps_everyone", "kept_interval"]
+
+#: Slack for the rounding of a canonically computed sum, relative to its scale (``Σ_j c_j‖Δ_j‖`` times
+#: ``‖Δ_i‖``, or squared for ``‖U‖²``): ~1e-13 covers slots of thousands of updates; this is 1,000× that.
+ROUNDING = 1e-10
+#: How far above ``κ`` (relative to ``‖Δ_i‖·Σ_j c_j‖Δ_j‖``) a bound must be to certify the verdict.
+MARGIN = 1e-6
+#: Radians added to the angle bound ``a + b``: ``acos`` near ±1 turns a rounding of ~1e-15 in its argument
+#: into up to ~5e-8 of angle.
+ANGLE_SLACK = 1e-7
+
+#: (id, c_i, ‖Δ_i‖) of each live term of a set, in ascending id order.
+Terms = Sequence[tuple[bytes, float, float]]
+
+
+@dataclass(frozen=True)
+class ScreenBounds:
+    """Closed intervals ``(lo, hi)`` holding the exact ``‖U_R‖²`` and each ``⟨Δ_i, U_R⟩`` (by id) of a set
+    ``R`` of a tensor's live terms."""
+
+    u_squared: tuple[float, float]
+    along: Mapping[bytes, tuple[float, float]]
+
+    @classmethod
+    def exact(cls, u_squared: float, along: Mapping[bytes, float], terms: Terms) -> ScreenBounds:
+        """Intervals around canonically computed sums, wide enough for their rounding."""
+        scale = _scale(terms)
+        norms = {i: n for i, _, n in terms}
+        return cls(u_squared=(u_squared - ROUNDING * scale * scale, u_squared + ROUNDING * scale * scale),
+                   along={i: (d - ROUNDING * norms[i] * scale, d + ROUNDING * norms[i] * scale)
+                          for i, d in along.items()})
+
+
+def _scale(terms: Terms) -> float:
+    """``Σ_j |c_j|‖Δ_j‖``: at least ``‖U‖``, the scale every rounding slack and margin is relative to."""
+    return math.fsum(abs(c) * n for _, c, n in terms)
+
+
+def along_kept(kept: np.ndarray, deltas: Mapping[str, np.ndarray], name: str) -> float:
+    """``⟨Δ[name], kept⟩`` in float64 (each product exact, numpy's pairwise sum per chunk, ``math.fsum``
+    across chunks), ``kept`` a slot's float32 kept sum and ``deltas`` an entry's (arrays or a payload)."""
+    kf = flat(kept)
+    tmp = np.empty(min(kf.size, 1 << 16), dtype=np.float64)
+    parts = []
+    for s in spans(kf.size):
+        t = tmp[: s.stop - s.start]
+        np.multiply(span_of(deltas, name, s), kf[s], out=t, dtype=np.float64)
+        parts.append(float(np.sum(t)))
+    return math.fsum(parts)
+
+
+def kept_interval(y: float, norm: float, terms: Terms, folds: int) -> tuple[float, float]:
+    """An interval holding ``⟨Δ_n, U_R⟩`` given ``y``, the same taken against the slot's float32 kept sum
+    (:func:`along_kept`) of ``R``'s terms (``terms``), ``norm = ‖Δ_n‖`` and ``folds``, an upper bound on the
+    float32 roundings the kept sum went through (one when the slot closed, one per late fold since). Each
+    rounding moves an element by at most ``2⁻²⁴`` of ``Σ_j |c_j Δ_j|`` there, so the sum is within
+    ``folds·2⁻²⁴·Σ_j |c_j|‖Δ_j‖`` of ``U_R`` (2⁻²³ is used: room for the float64 parts)."""
+    slack = (folds * 2.0**-23 + ROUNDING) * norm * _scale(terms)
+    return y - slack, y + slack
+
+
+def _cos_lower(dot_lo: float, a: float, u_squared: tuple[float, float]) -> float:
+    """A lower bound on the cosine between a vector of norm ``a`` whose inner product with ``U`` is at least
+    ``dot_lo`` and ``U``, for ``‖U‖²`` in ``u_squared``; in [-1, 1]."""
+    lo, hi = max(u_squared[0], 0.0), max(u_squared[1], 0.0)
+    if a <= 0.0 or hi <= 0.0:
+        return -1.0
+    if dot_lo >= 0.0:
+        q = dot_lo / (a * math.sqrt(hi))
+    elif lo <= 0.0:
+        return -1.0
+    else:
+        q = dot_lo / (a * math.sqrt(lo))
+    return min(1.0, max(-1.0, q))
+
+
+def extend(bounds: ScreenBounds, terms: Terms, new: tuple[bytes, float, float],
+           y: tuple[float, float]) -> ScreenBounds:
+    """Intervals for the set ``R ∪ {n}`` from ``bounds`` of ``R`` (whose live terms are ``terms``), the new
+    term ``new = (id, c_n, ‖Δ_n‖)`` and ``y``, an interval holding ``⟨Δ_n, U_R⟩``. Needs ``c_n > 0``.
+
+    ``U_{R'} = U_R + c_n Δ_n``, so ``‖U_{R'}‖² = ‖U_R‖² + 2c_n⟨Δ_n, U_R⟩ + c_n²‖Δ_n‖²``,
+    ``⟨Δ_i, U_{R'}⟩ = ⟨Δ_i, U_R⟩ + c_n⟨Δ_i, Δ_n⟩`` and ``⟨Δ_n, U_{R'}⟩ = ⟨Δ_n, U_R⟩ + c_n‖Δ_n‖²``; the unknown
+    ``⟨Δ_i, Δ_n⟩`` lies between ``‖Δ_i‖‖Δ_n‖ cos(min(π, a_i + b))`` and ``‖Δ_i‖‖Δ_n‖`` (the module docstring).
+    Every interval is widened by the rounding of its own evaluation."""
+    new_id, c, nn = new
+    if not c > 0.0:
+        raise ValueError("a certified term has a positive coefficient")
+    scale = _scale([*terms, new])
+    slack = ROUNDING * scale
+    b = math.acos(_cos_lower(y[0], nn, bounds.u_squared))
+    along: dict[bytes, tuple[float, float]] = {}
+    for i, _, ni in terms:
+        d_lo, d_hi = bounds.along[i]
+        a = math.acos(_cos_lower(d_lo, ni, bounds.u_squared))
+        x_lo = ni * nn * math.cos(min(math.pi, a + b + ANGLE_SLACK))
+        along[i] = (d_lo + c * x_lo - slack * ni, d_hi + c * (ni * nn) + slack * ni)
+    own = c * nn * nn
+    along[new_id] = (y[0] + own - slack * nn, y[1] + own + slack * nn)
+    s_lo, s_hi = bounds.u_squared
+    square = c * c * nn * nn
+    return ScreenBounds(u_squared=(s_lo + 2.0 * c * y[0] + square - slack * scale,
+                                   s_hi + 2.0 * c * y[1] + square + slack * scale),
+                        along=along)
+
+
+def keeps_everyone(bounds: ScreenBounds, terms: Terms, kappa: float) -> bool:
+    """Whether the direction screen of a set of three or more live terms (``terms``, every ``c_i > 0`` and
+    ``‖Δ_i‖ > 0``) whose sums lie in ``bounds`` provably screens nobody out: for each ``i``, the least
+    ``⟨Δ_i, U_{R−i}⟩ = ⟨Δ_i, U_R⟩ − c_i‖Δ_i‖²`` the bounds allow exceeds ``κ‖Δ_i‖‖U_{R−i}‖`` at the largest
+    ``‖U_{R−i}‖² = ‖U_R‖² − 2c_i⟨Δ_i, U_R⟩ + c_i²‖Δ_i‖²`` they allow, by ``MARGIN`` of the scale. Only for
+    ``κ ≥ 0`` (a negative ``κ`` is never certified)."""
+    if kappa < 0.0 or len(terms) < 3 or any(not (c > 0.0 and n > 0.0) for _, c, n in terms):
+        return False
+    scale = _scale(terms)
+    for i, c, n in terms:
+        d_lo = bounds.along[i][0]
+        own = c * n
+        along = d_lo - own * n
+        rest_hi = bounds.u_squared[1] - 2.0 * c * d_lo + own * own
+        need = MARGIN * n * scale
+        if not (along > need and along - kappa * n * math.sqrt(max(rest_hi, 0.0)) > need):
+            return False
+    return True
