@@ -113,34 +113,62 @@ def _cos_lower(dot_lo: float, a: float, u_squared: tuple[float, float]) -> float
     return min(1.0, max(-1.0, q))
 
 
-def extend(bounds: ScreenBounds, terms: Terms, new: tuple[bytes, float, float],
-           y: tuple[float, float]) -> ScreenBounds:
-    """Intervals for the set ``R ∪ {n}`` from ``bounds`` of ``R`` (whose live terms are ``terms``), the new
-    term ``new = (id, c_n, ‖Δ_n‖)`` and ``y``, an interval holding ``⟨Δ_n, U_R⟩``. Needs ``c_n > 0``.
+def _times(k: float, interval: tuple[float, float]) -> tuple[float, float]:
+    """``k`` times an interval."""
+    a, b = k * interval[0], k * interval[1]
+    return (a, b) if a <= b else (b, a)
 
-    ``U_{R'} = U_R + c_n Δ_n``, so ``‖U_{R'}‖² = ‖U_R‖² + 2c_n⟨Δ_n, U_R⟩ + c_n²‖Δ_n‖²``,
-    ``⟨Δ_i, U_{R'}⟩ = ⟨Δ_i, U_R⟩ + c_n⟨Δ_i, Δ_n⟩`` and ``⟨Δ_n, U_{R'}⟩ = ⟨Δ_n, U_R⟩ + c_n‖Δ_n‖²``; the unknown
-    ``⟨Δ_i, Δ_n⟩`` lies between ``‖Δ_i‖‖Δ_n‖ cos(min(π, a_i + b))`` and ``‖Δ_i‖‖Δ_n‖`` (the module docstring).
-    Every interval is widened by the rounding of its own evaluation."""
+
+def extend(bounds: ScreenBounds, terms: Terms, new: tuple[bytes, float, float], y: tuple[float, float],
+           changes: Mapping[bytes, float] | None = None) -> ScreenBounds:
+    """Intervals for the set ``R ∪ {n}`` from ``bounds`` of ``R`` (whose live terms are ``terms``), the new
+    term ``new = (id, c_n, ‖Δ_n‖)``, ``y``, an interval holding ``⟨Δ_n, U_R⟩``, and ``changes``: ``δ_k`` for
+    each ``k`` of ``R`` whose coefficient the new update changes to ``c_k + δ_k`` (it moved the norm bound).
+    Needs ``c_n > 0``.
+
+    ``U_{R'} = U_R + Σ_k δ_k Δ_k + c_n Δ_n``, so ``⟨Δ_i, U_{R'}⟩ = ⟨Δ_i, U_R⟩ + Σ_k δ_k⟨Δ_i, Δ_k⟩ + c_n⟨Δ_i, Δ_n⟩``,
+    ``⟨Δ_n, U_{R'}⟩ = ⟨Δ_n, U_R⟩ + Σ_k δ_k⟨Δ_k, Δ_n⟩ + c_n‖Δ_n‖²`` and ``‖U_{R'}‖² = ‖U_R‖² + 2Σ_k δ_k⟨Δ_k, U_R⟩
+    + 2c_n⟨Δ_n, U_R⟩ + Σ_{k,l} δ_k δ_l⟨Δ_k, Δ_l⟩ + 2c_n Σ_k δ_k⟨Δ_k, Δ_n⟩ + c_n²‖Δ_n‖²``; each unknown inner
+    product ``⟨Δ_i, Δ_j⟩`` (``i ≠ j``) lies between ``‖Δ_i‖‖Δ_j‖ cos(min(π, a_i + a_j))`` and ``‖Δ_i‖‖Δ_j‖``,
+    ``a`` the angles to ``U_R`` (the module docstring). Every interval is widened by the rounding of its own
+    evaluation."""
     new_id, c, nn = new
     if not c > 0.0:
         raise ValueError("a certified term has a positive coefficient")
-    scale = _scale([*terms, new])
+    changes = changes or {}
+    norms = {i: n for i, _, n in terms}
+    scale = math.fsum([*(max(abs(ci), abs(ci + changes.get(i, 0.0))) * n for i, ci, n in terms), c * nn])
     slack = ROUNDING * scale
-    b = math.acos(_cos_lower(y[0], nn, bounds.u_squared))
+    angle = {i: math.acos(_cos_lower(bounds.along[i][0], n, bounds.u_squared)) for i, _, n in terms}
+    angle[new_id], norms[new_id] = math.acos(_cos_lower(y[0], nn, bounds.u_squared)), nn
+
+    def gram(i: bytes, j: bytes) -> tuple[float, float]:
+        """An interval holding ``⟨Δ_i, Δ_j⟩``."""
+        if i == j:
+            return norms[i] * norms[i], norms[i] * norms[i]
+        top = norms[i] * norms[j]
+        return top * math.cos(min(math.pi, angle[i] + angle[j] + ANGLE_SLACK)), top
+
+    def plus(acc: list[float], interval: tuple[float, float]) -> None:
+        acc[0] += interval[0]
+        acc[1] += interval[1]
+
     along: dict[bytes, tuple[float, float]] = {}
-    for i, _, ni in terms:
-        d_lo, d_hi = bounds.along[i]
-        a = math.acos(_cos_lower(d_lo, ni, bounds.u_squared))
-        x_lo = ni * nn * math.cos(min(math.pi, a + b + ANGLE_SLACK))
-        along[i] = (d_lo + c * x_lo - slack * ni, d_hi + c * (ni * nn) + slack * ni)
-    own = c * nn * nn
-    along[new_id] = (y[0] + own - slack * nn, y[1] + own + slack * nn)
-    s_lo, s_hi = bounds.u_squared
-    square = c * c * nn * nn
-    return ScreenBounds(u_squared=(s_lo + 2.0 * c * y[0] + square - slack * scale,
-                                   s_hi + 2.0 * c * y[1] + square + slack * scale),
-                        along=along)
+    for i in [*(t[0] for t in terms), new_id]:
+        acc = list(bounds.along[i]) if i != new_id else [y[0], y[1]]
+        for k, dk in changes.items():
+            plus(acc, _times(dk, gram(i, k)))
+        plus(acc, _times(c, gram(i, new_id)))
+        along[i] = (acc[0] - slack * norms[i], acc[1] + slack * norms[i])
+    acc = list(bounds.u_squared)
+    plus(acc, _times(2.0 * c, y))
+    plus(acc, (c * c * nn * nn, c * c * nn * nn))
+    for k, dk in changes.items():
+        plus(acc, _times(2.0 * dk, bounds.along[k]))
+        plus(acc, _times(2.0 * c * dk, gram(k, new_id)))
+        for j, dj in changes.items():
+            plus(acc, _times(dk * dj, gram(k, j)))
+    return ScreenBounds(u_squared=(acc[0] - slack * scale, acc[1] + slack * scale), along=along)
 
 
 def keeps_everyone(bounds: ScreenBounds, terms: Terms, kappa: float) -> bool:

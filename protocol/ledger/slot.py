@@ -53,6 +53,9 @@ class TermChange:
 #: (~6e-8 of the terms) then stays within ~1e-6 of the sum. Updates that cancel (rare in training, where
 #: pseudo-gradients agree more than they oppose) make the fold rebuild the sum canonically in float64.
 KEPT_CONDITION = 16.0
+#: ... and while a late update leaves each other coefficient at least 1/KEPT_SHRINK of what it was (the
+#: rounding the sum kept of a term then stays within ~1e-6 of that term's new size).
+KEPT_SHRINK = 16.0
 
 
 def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float,
@@ -121,13 +124,15 @@ class LiveSlot:
 
     def fold_sum(self, name: str, entry: SlotEntry) -> np.ndarray:
         """The array the fold of a late ``entry``'s tensor ``name`` works in (:meth:`change_by`): the kept
-        float32 sum itself if it is well conditioned and ``entry`` changes no other entry's coefficient
-        (the norm bound or its origin's count: rare, and then the old terms may shrink far below the sum's
-        rounding), else a new float64 array the sum is rebuilt in."""
+        float32 sum itself if it is well conditioned and ``entry`` shrinks no other entry's coefficient by
+        more than ``KEPT_SHRINK`` (moving the norm bound, as a mean tensor's clipped coefficients move with
+        the median, it changes them a little; displacing its origin's entry or screening one out takes a
+        term away, whose share of the sum's rounding would then stay behind), else a new float64 array the
+        sum is rebuilt in."""
         if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.screen):
             self._certify(name, entry)
             old, new = self.terms(name).coefficients, self.terms(name, entry).coefficients
-            if all(new[i] == c for i, c in old.items()):
+            if all(new[i] == c or (c * new[i] > 0.0 and KEPT_SHRINK * abs(new[i]) >= abs(c)) for i, c in old.items()):
                 return self.kept[name][0]
         return np.empty(self.shapes[name], dtype=np.float64)
 
@@ -136,7 +141,8 @@ class LiveSlot:
         slot's payloads, that the direction screen of the new set keeps everyone
         (:mod:`protocol.ledger.screen_bounds`: from the sums of the current set, the kept sum and the new
         update, in one pass over those two). Only when the current set's screen kept everyone (the kept sum
-        is then the sum over its live terms) and the entry changes no other coefficient; otherwise, or when
+        is then the sum over its live terms) and every term stays live (the entry may move the others'
+        coefficients through the norm bound, as it does for a mean tensor's clipped ones); otherwise, or when
         the bounds do not clear the threshold, the screen takes its sums as before."""
         config = self.config
         if config.direction_screen is None or config.norm_clip == 0.0:
@@ -146,7 +152,7 @@ class LiveSlot:
             return
         joined = tensor_terms([*self.entries, entry], name, config, screen=False).coefficients
         c_new = joined[entry.meta.update_id]
-        if not c_new > 0.0 or any(joined[i] != c for i, c in before.items()):
+        if not c_new > 0.0 or any((joined[i] == 0.0) != (c == 0.0) for i, c in before.items()):
             return
         by_id = {e.meta.update_id: e for e in self.entries}
         live = [(by_id[i], c) for i, c in sorted(before.items()) if c != 0.0]
@@ -155,10 +161,12 @@ class LiveSlot:
             return
         y = along_kept(self.kept[name][0], entry.deltas, name)
         terms, norm = bound_terms(live, name), entry.norms[name]
+        changes = {i: joined[i] - c for i, c, _ in terms if joined[i] != c}
         grown = extend(bounds, terms, (entry.meta.update_id, c_new, norm),
-                       kept_interval(y, norm, terms, folds=len(self.entries) + 1))
-        self.screen.certify(name, sorted([*live, (entry, c_new)], key=lambda t: t[0].meta.update_id), grown,
-                            config.direction_screen)
+                       kept_interval(y, norm, terms, folds=len(self.entries) + 1), changes)
+        grown_live = sorted([*((e, joined[e.meta.update_id]) for e, _ in live), (entry, c_new)],
+                            key=lambda t: t[0].meta.update_id)
+        self.screen.certify(name, grown_live, grown, config.direction_screen)
 
     def change_by(self, entry: SlotEntry, name: str, now: Mapping[str, np.ndarray], u: np.ndarray) -> TermChange:
         """For a late ``entry`` whose tensors to apply are ``now``: how tensor ``name``'s aggregate changes
