@@ -51,8 +51,7 @@ from protocol.ledger.payload import Payload, PayloadDeltas, span_of
 from protocol.ledger.screen_bounds import ScreenBounds, keeps_everyone
 
 __all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "bound_terms",
-           "canonical_spans",
-           "norm_with_terms", "screen_pass", "slot_scale", "tensor_terms", "uses_radial"]
+           "canonical_spans", "norm_with_terms", "screen_pass", "slot_scale", "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
 
