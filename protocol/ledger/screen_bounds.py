@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.ledger.chunks import flat, spans
+from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.ledger.payload import span_of
 
 __all__ = ["MARGIN", "ScreenBounds", "along_kept", "extend", "keeps_everyone", "kept_interval"]
@@ -79,7 +79,7 @@ def along_kept(kept: np.ndarray, deltas: Mapping[str, np.ndarray], name: str) ->
     """``⟨Δ[name], kept⟩`` in float64 (each product exact, numpy's pairwise sum per chunk, ``math.fsum``
     across chunks), ``kept`` a slot's float32 kept sum and ``deltas`` an entry's (arrays or a payload)."""
     kf = flat(kept)
-    tmp = np.empty(min(kf.size, 1 << 16), dtype=np.float64)
+    tmp = np.empty(min(kf.size, CHUNK), dtype=np.float64)
     parts = []
     for s in spans(kf.size):
         t = tmp[: s.stop - s.start]
