@@ -47,6 +47,7 @@ from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
 from node.island.train import InnerLoop
 from node.outer.updates import decode_update, update_meta
+from protocol import kernels
 from protocol.compression import ErrorFeedback
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity
@@ -97,6 +98,8 @@ class NodeRuntime:
         name = self.task.model.name if self.custom_task else settings.model
         self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.task.model.lr,
                                max_rounds=settings.max_rounds, model=f"{name}, {self.task.model.param_count:,} parameters")
+        # the outer passes compiled for real model sizes (the same bits; numba costs a small model more than it saves)
+        kernels.use_compiled(self.task.model.param_count >= kernels.COMPILED_FROM_PARAMS)
         # The slot of a round's update is closed while the next round trains (`node.outer.rebase`), so holding it
         # open for due peers costs no compute: up to half a round.
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,

@@ -14,6 +14,7 @@ from functools import partial
 
 import numpy as np
 
+from protocol import kernels
 from protocol.compression import bf16, blockwise
 from protocol.compression.formats import (
     BLOCK_SIZE,
@@ -138,6 +139,16 @@ def _encode_bf16(x: np.ndarray) -> list[np.ndarray]:
 
 
 def _encode_blockwise(codec: Codec, x: np.ndarray) -> list[np.ndarray]:
+    if codec is Codec.INT4 and kernels.compiled():
+        scale_bits, packed = np.empty(num_blocks(x.size), dtype="<u2"), np.empty((x.size + 1) // 2, dtype=np.uint8)
+        if kernels.quantize_int4(np.ascontiguousarray(x), scale_bits, packed):  # compiled, the same bits
+            return [scale_bits, packed]
+    return encode_blockwise_numpy(codec, x)
+
+
+def encode_blockwise_numpy(codec: Codec, x: np.ndarray) -> list[np.ndarray]:
+    """The blockwise encoder in numpy (int4 runs compiled when ``protocol.kernels.use_compiled`` is on, and
+    comes here then only to report a value it refuses, ``LocalProtocolError``)."""
     scale_bits, codes = blockwise.quantize(x, CODE_BITS[codec], BLOCK_SIZE)
     if codec is Codec.INT4:
         codes = blockwise.pack_nibbles(codes)
@@ -164,22 +175,38 @@ def _decode_bf16(buf: memoryview, offset: int, numel: int, name: str, start: int
     return bf16.widen(bits)
 
 
+def _blockwise_parts(
+    codec: Codec, buf: memoryview, offset: int, numel: int, name: str, start: int, stop: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The span's bf16 scale patterns and its codes (int4: packed, the padding nibble checked), as views."""
+    first, count = start // BLOCK_SIZE, num_blocks(stop) - start // BLOCK_SIZE
+    scale_bits = np.frombuffer(buf, dtype="<u2", count=count, offset=offset + 2 * first)
+    offset += 2 * num_blocks(numel)
+    if codec is Codec.INT8:
+        return scale_bits, np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=offset + start)
+    packed = np.frombuffer(buf, dtype=np.uint8, count=(stop - start + 1) // 2, offset=offset + start // 2)
+    if stop == numel and numel % 2 and packed[-1] >> 4:
+        raise RemoteProtocolError(Reason.MALFORMED, f"{name}: nonzero padding nibble")
+    return scale_bits, packed
+
+
 def _decode_blockwise(
     codec: Codec, buf: memoryview, offset: int, numel: int, name: str, start: int, stop: int
 ) -> np.ndarray:
-    bits = CODE_BITS[codec]
-    first, count = start // BLOCK_SIZE, num_blocks(stop) - start // BLOCK_SIZE
-    scale_bits = np.frombuffer(buf, dtype="<u2", count=count, offset=offset + 2 * first)
-    scales = blockwise.check_scales(scale_bits, bits, name)
-    offset += 2 * num_blocks(numel)
-    if codec is Codec.INT8:
-        codes = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=offset + start)
-        levels = blockwise.levels_8(codes)
-    else:
-        packed = np.frombuffer(buf, dtype=np.uint8, count=(stop - start + 1) // 2, offset=offset + start // 2)
-        if stop == numel and numel % 2 and packed[-1] >> 4:
-            raise RemoteProtocolError(Reason.MALFORMED, f"{name}: nonzero padding nibble")
-        levels = blockwise.levels_4(packed, stop - start)
+    scale_bits, codes = _blockwise_parts(codec, buf, offset, numel, name, start, stop)
+    if codec is Codec.INT4 and kernels.compiled():
+        out = np.empty(stop - start, dtype=np.float32)
+        if kernels.decode_int4(codes, scale_bits, out):  # compiled, the bits of `decode_blockwise_numpy`
+            return out
+    return decode_blockwise_numpy(codec, scale_bits, codes, name, stop - start)
+
+
+def decode_blockwise_numpy(codec: Codec, scale_bits: np.ndarray, codes: np.ndarray, name: str, count: int) -> np.ndarray:
+    """The decode of a blockwise span in numpy: checks the scales (``RemoteProtocolError``), then levels ×
+    scale (int4 runs compiled when ``protocol.kernels.use_compiled`` is on, and comes here then only to
+    report a refused scale)."""
+    scales = blockwise.check_scales(scale_bits, CODE_BITS[codec], name)
+    levels = blockwise.levels_8(codes) if codec is Codec.INT8 else blockwise.levels_4(codes, count)
     return blockwise.apply_scales(levels, scales, BLOCK_SIZE)
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol.kernels import accumulate_term
 from protocol.ledger.bound import counted, norm_bound
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
@@ -169,18 +170,14 @@ def bound_terms(live: LiveTerms, name: str) -> list[tuple[bytes, float, float]]:
     return [(e.meta.update_id, float(c), e.norms[name]) for e, c in live]
 
 
-def _sum_span(terms: Iterable[tuple[np.ndarray, np.float64]], uc: np.ndarray, t: np.ndarray) -> None:
+def _sum_span(terms: Iterable[tuple[np.ndarray, np.float64]], uc: np.ndarray) -> None:
     """The accumulator ``U`` over one span (PROTOCOL.md, Aggregate): ``uc = c·x`` for the first term, then
-    ``uc += c·x`` in the given (id) order, each product ``float64(x)·c`` rounded once (``t`` a scratch
-    buffer of the span's size); ``+0`` with no term."""
+    ``uc += c·x`` in the given (id) order, each product ``float64(x)·c`` rounded once (compiled:
+    :func:`protocol.kernels.accumulate_term`); ``+0`` with no term."""
     first = True
     for x, c in terms:
-        if first:
-            np.multiply(x, c, out=uc, dtype=_F64)
-            first = False
-        else:
-            np.multiply(x, c, out=t, dtype=_F64)
-            uc += t
+        accumulate_term(uc, x, c, first)
+        first = False
     if first:
         uc[...] = 0.0
 
@@ -197,7 +194,7 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
         xs = [span_of(e.deltas, name, s) for e, _ in live]  # float32: each product below is widened exactly
-        _sum_span(zip(xs, (_F64(c) for _, c in live)), uc, t)
+        _sum_span(zip(xs, (_F64(c) for _, c in live)), uc)
         squares.append(float(np.sum(np.square(uc, out=t))))
         for part, x in zip(along, xs, strict=True):
             part.append(float(np.sum(np.multiply(x, uc, out=t, dtype=_F64))))
@@ -322,14 +319,13 @@ def _buffer(size: int) -> np.ndarray:
 def norm_with_terms(u: np.ndarray, name: str, terms: Sequence[tuple[Mapping[str, np.ndarray], float]]) -> float:
     """``‖u + Σ c_j·Δ_j[name]‖`` in float64 (canonical chunking), ``u`` float64 or a float32 kept sum,
     each ``Δ_j`` an entry's deltas (float32 arrays or a payload, read span by span); nothing is written."""
-    uf, buf, tmp = flat(u), _buffer(u.size), _buffer(u.size)
+    uf, buf = flat(u), _buffer(u.size)
     parts = []
     for s in spans(uf.size):
-        t, x = buf[: s.stop - s.start], tmp[: s.stop - s.start]
+        t = buf[: s.stop - s.start]
         t[...] = uf[s]
         for deltas, c in terms:
-            np.multiply(span_of(deltas, name, s), _F64(c), out=x, dtype=_F64)
-            t += x
+            accumulate_term(t, span_of(deltas, name, s), c, first=False)
         parts.append(float(np.sum(np.square(t, out=t))))
     return math.sqrt(math.fsum(parts))
 
@@ -348,7 +344,7 @@ def canonical_spans(
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
-        _sum_span(((span_of(deltas, name, s), c) for deltas, c in terms), uc, t)
+        _sum_span(((span_of(deltas, name, s), c) for deltas, c in terms), uc)
         yield s, uc, float(np.sum(np.square(uc, out=t)))
 
 

@@ -15,8 +15,8 @@ since ``θ_n = θ_{r−1} − Σ_{t=r..n} η_t (g_t + μ v_t)`` and the slot-``t
 ``η_t (δ[t=r] + μ · μ^{t−r} δ)``. Checked against an in-order replay in ``tests/ledger/test_outer.py``.
 
 ``θ`` and ``v`` are C-contiguous arrays of the state's dtype (a ledger's are float32, see
-:data:`protocol.ledger.storage.STATE_DTYPE`; any float dtype works), updated in place, chunk by chunk
-(:mod:`protocol.ledger.chunks`): one pass over memory per call instead of one per operation. Every
+:data:`protocol.ledger.storage.STATE_DTYPE`; any float dtype works), updated in place by the elementwise
+passes of :mod:`protocol.kernels` (compiled for real model sizes, numpy otherwise, the same bits). Every
 intermediate is float64 (``u`` is float64, deltas float32); each new ``v`` and ``θ`` element is the float64
 result rounded once to the state's dtype, so the op order below fixes the bits.
 """
@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from protocol.kernels import fold_finish, fold_start, fold_term, nesterov_chunk
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.aggregate import canonical_spans
@@ -47,27 +48,10 @@ def nesterov_step(
     ``v ← μ v + g``; ``θ ← θ − η (μ v + g)``, in this exact op order per element, in float64 (the new ``v``
     is used unrounded in the ``θ`` update), each result rounded once into ``v``'s and ``θ``'s dtype (the
     canonical state and the working state must round alike). Tensors are stepped in parallel threads."""
-    m, e = _F64(mu), _F64(eta)
 
     def one(name: str) -> None:
-        thf, vf, uf = flat(theta[name]), flat(v[name]), flat(u[name])
-        size = min(CHUNK, thf.size)
-        vbuf, buf, gbuf = np.empty(size), np.empty(size), np.empty(size)
-        scale = None if scales is None else _F64(scales[name])
-        for s in spans(thf.size):
-            k = s.stop - s.start
-            vc, tmp = vbuf[:k], buf[:k]
-            if scale is None:
-                gc = uf[s]
-            else:
-                gc = np.multiply(uf[s], scale, out=gbuf[:k])
-            np.multiply(vf[s], m, out=vc)
-            vc += gc
-            vf[s] = vc
-            np.multiply(vc, m, out=tmp)
-            tmp += gc
-            tmp *= e
-            np.subtract(thf[s], tmp, out=thf[s], casting="same_kind")
+        scale = None if scales is None else scales[name]
+        nesterov_chunk(np.asarray(flat(theta[name])), np.asarray(flat(v[name])), flat(u[name]), scale, mu=mu, eta=eta)
 
     parallel_map(one, theta)
 
@@ -120,24 +104,11 @@ def fold_change(
     # Scale δ in place twice (δ·a, then ·k/a) unless a is so small that δ·a could lose bits to underflow.
     reuse = float(a) >= 1e-30 and math.isfinite(float(k) / float(a))
     ratio = float(k) / float(a) if reuse else 0.0
-    thf, vf, uf = flat(theta), flat(v), flat(u)
-    buf, buf2 = np.empty(min(CHUNK, thf.size)), np.empty(min(CHUNK, thf.size))
-    for s in spans(thf.size):
-        d, t = buf[: s.stop - s.start], buf2[: s.stop - s.start]
-        np.multiply(uf[s], alpha, out=d)
+    thf, vf, uf = np.asarray(flat(theta)), np.asarray(flat(v)), np.asarray(flat(u))
+    buf = np.empty(min(CHUNK, thf.size))
+    for s in spans(thf.size):  # compiled (protocol.kernels), in this op order per element
+        d = buf[: s.stop - s.start]
+        fold_start(uf[s], d, alpha)
         for deltas, c, beta in terms:
-            x = span_of(deltas, name, s)
-            np.multiply(x, c, out=t, dtype=_F64)
-            np.add(uf[s], t, out=uf[s], casting="same_kind")  # the slot's sum takes the term
-            if beta != 0.0:
-                np.multiply(x, beta, out=t, dtype=_F64)
-                d += t
-        if reuse:
-            d *= a
-            np.add(vf[s], d, out=vf[s], casting="same_kind")
-            d *= _F64(ratio)
-        else:
-            np.multiply(d, a, out=t)
-            np.add(vf[s], t, out=vf[s], casting="same_kind")
-            d *= k
-        np.subtract(thf[s], d, out=thf[s], casting="same_kind")
+            fold_term(uf[s], d, span_of(deltas, name, s), c, beta)  # the slot's sum takes the term
+        fold_finish(thf[s], vf[s], d, a, ratio if reuse else k, reuse)

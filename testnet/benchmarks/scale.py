@@ -76,6 +76,7 @@ from node.checkpoint import Checkpoint, CheckpointDir
 from node.outer.outer_files import MappedBottom, drop_pages, map_blob, payloads_to_blobs, return_freed_memory
 from node.outer.resume import encode_ledger_part, restore_ledger
 from p2p.blobstore import BlobStore
+from protocol import kernels
 from protocol.compression import Codec, ErrorFeedback, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, UpdateMeta
 from testnet.benchmarks.pseudograd import adamw_delta, transformer_shapes
@@ -184,6 +185,11 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosin
     print(f"{total:,} parameters in {len(shapes)} tensors; {peers} peers, window {window}, {codec.value}; "
           f"drawing one pseudo-gradient ({steps} AdamW steps)…", flush=True)
     draw = adamw_delta(shapes, steps=steps, seed=seed)
+    compiled = total >= kernels.COMPILED_FROM_PARAMS  # as a node of this size does (node.runtime)
+    loaded = rss_bytes()
+    kernels.use_compiled(compiled)  # numba's fixed cost per process, before the outer machinery is measured
+    print(f"outer passes: {'compiled (numba: +' if compiled else 'numpy ('}{(rss_bytes() - loaded) / 1e6:.0f} MB resident)",
+          flush=True)
     blobs = Path(tempfile.mkdtemp(prefix="scale-blobs-"))
     store = BlobStore(blobs / "blobs")
     source = Peers(draw, peers, codec, seed, store, cosine)
@@ -276,6 +282,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosin
         "peers": peers,
         "window": window,
         "codec": codec.value,
+        "compiled": compiled,
         "outer_bytes_per_param": (outer_peak - before) / total,
         "outer_anon_bytes_per_param": (outer_peak_anon - before_anon) / total,
         "steady_bytes_per_param": (steady - before) / total,

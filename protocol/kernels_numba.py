@@ -1,0 +1,123 @@
+"""The numba code of :mod:`protocol.kernels` (imported, and compiled, at a kernel's first call: see there)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from protocol.compression.blockwise import MIN_SCALE_BITS, max_scale_bits
+from protocol.compression.formats import BLOCK_SIZE
+
+#: bf16 bits of the largest int4 block scale a decoder accepts.
+_MAX_SCALE_BITS_4 = max_scale_bits(4)
+#: The sixteen 4-bit levels ``u − 7.5``, exact in float32.
+LEVELS_4 = np.arange(16, dtype=np.float32) - np.float32(7.5)
+
+
+@njit(nogil=True, cache=True)
+def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, out: np.ndarray) -> int:
+    n = out.size
+    half = BLOCK_SIZE // 2
+    blocks = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
+    if scale_bits.size < blocks or packed.size < (n + 1) // 2:
+        return 0
+    for b in range(blocks):  # check every scale first: a bad one leaves ``out`` unwritten
+        bits = np.int64(scale_bits[b])
+        if bits != 0 and (bits < MIN_SCALE_BITS or bits > _MAX_SCALE_BITS_4):
+            return b
+    for b in range(blocks):
+        bits = np.int64(scale_bits[b])
+        # a valid nonzero bf16 scale is a positive normal: (1 + mantissa/128) · 2^(exponent − 127), exact
+        s = np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+        first = b * BLOCK_SIZE
+        if first + BLOCK_SIZE <= n:
+            byte0 = b * half
+            for j in range(half):
+                byte = np.int64(packed[byte0 + j])
+                out[first + 2 * j] = levels[byte & 15] * s
+                out[first + 2 * j + 1] = levels[byte >> 4] * s
+        else:
+            for k in range(first, n):
+                byte = np.int64(packed[k >> 1])
+                out[k] = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def accumulate_term(u: np.ndarray, x: np.ndarray, c: float, first: bool) -> None:
+    if first:
+        for k in range(u.size):
+            u[k] = np.float64(x[k]) * c
+    else:
+        for k in range(u.size):
+            u[k] += np.float64(x[k]) * c
+
+
+@njit(nogil=True, cache=True)
+def nesterov(theta: np.ndarray, v: np.ndarray, u: np.ndarray, scale: float, scaled: bool, eta: float,
+              mu: float) -> None:
+    for k in range(theta.size):
+        g = u[k] * scale if scaled else np.float64(u[k])
+        vk = np.float64(v[k]) * mu + g
+        v[k] = vk
+        theta[k] = np.float64(theta[k]) - (vk * mu + g) * eta
+
+
+@njit(nogil=True, cache=True)
+def fold_start(u: np.ndarray, d: np.ndarray, alpha: float) -> None:
+    for k in range(d.size):
+        d[k] = np.float64(u[k]) * alpha
+
+
+@njit(nogil=True, cache=True)
+def fold_term(u: np.ndarray, d: np.ndarray, x: np.ndarray, c: float, beta: float) -> None:
+    for k in range(d.size):
+        xk = np.float64(x[k])
+        u[k] = np.float64(u[k]) + xk * c
+        if beta != 0.0:
+            d[k] += xk * beta
+
+
+@njit(nogil=True, cache=True)
+def fold_finish(theta: np.ndarray, v: np.ndarray, d: np.ndarray, a: float, k_or_ratio: float, reuse: bool) -> None:
+    for k in range(d.size):
+        dk = d[k] * a
+        v[k] = np.float64(v[k]) + dk
+        dk = dk * k_or_ratio if reuse else d[k] * k_or_ratio
+        theta[k] = np.float64(theta[k]) - dk
+
+
+@njit(nogil=True, cache=True)
+def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> int:
+    n = x.size
+    limit = np.float32(2.0**127)
+    codes = np.empty(BLOCK_SIZE, dtype=np.float32)
+    blocks = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
+    for b in range(blocks):
+        first = b * BLOCK_SIZE
+        count = min(BLOCK_SIZE, n - first)
+        absmax = np.float32(0.0)
+        for k in range(count):
+            a = abs(x[first + k])
+            if not a <= limit:  # NaN, ±Inf or above 2**127
+                return first + k
+            absmax = max(absmax, a)
+        exact = absmax * np.float32(0.125)
+        bits = 0
+        divisor = np.float32(np.inf)
+        if exact >= np.float32(2.0**-100):  # a normal float32: round its mantissa up to bf16's seven bits
+            f, e = math.frexp(np.float64(exact))
+            q = math.ceil(math.ldexp(f, 8))  # in [128, 256]: 256 carries into the exponent below
+            bits = ((e - 1 + 127) << 7) + (q - 128)
+            divisor = np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+        scale_bits[b] = bits
+        for k in range(count):
+            codes[k] = min(np.rint(x[first + k] / divisor + np.float32(7.5)), np.float32(15.0))
+        for k in range(count, BLOCK_SIZE):
+            codes[k] = 0.0
+        byte0 = first // 2
+        for j in range((count + 1) // 2):
+            packed[byte0 + j] = np.uint8(codes[2 * j]) | (np.uint8(codes[2 * j + 1]) << np.uint8(4))
+    return -1
