@@ -24,12 +24,13 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["COMPILED_FROM_PARAMS", "accumulate_term", "compiled", "decode_int4", "fold_finish", "fold_start",
+__all__ = ["COMPILED_FROM_PARAMS", "accumulate_term", "compiled", "decode_int4", "decode_int4_add", "fold_finish", "fold_start",
            "fold_term", "nesterov_chunk", "quantize_int4", "use_compiled"]
 
 #: Models of at least this many parameters use the compiled passes (``use_compiled(params >= ...)``).
 COMPILED_FROM_PARAMS = 1 << 22
 _F64 = np.float64
+_NO_OUTPUT = np.empty(0, dtype=np.float32)
 _state = {"compiled": False}
 
 
@@ -58,6 +59,15 @@ def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, out: np.ndarray) -> 
     ``scale_bits``. False when it did not decode (numpy passes in use, or a scale a decoder refuses): the
     caller's numpy path (``protocol.compression.tensors``) then decodes, or gives the reason."""
     return compiled() and _jit().decode_int4(packed, scale_bits, _jit().LEVELS_4, out) < 0
+
+
+def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c: float, first: bool,
+                    x: np.ndarray | None = None) -> bool:
+    """:func:`decode_int4` of ``u.size`` values and :func:`accumulate_term` of them into ``u`` in one loop
+    (each decoded value also written into the float32 ``x`` when given). False when it did not run (numpy
+    passes in use, or a scale a decoder refuses: nothing was written)."""
+    return compiled() and _jit().decode_int4_add(packed, scale_bits, _jit().LEVELS_4, u, _F64(c), first,
+                                                 _NO_OUTPUT if x is None else x) < 0
 
 
 def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> bool:

@@ -121,3 +121,30 @@ def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> 
         for j in range((count + 1) // 2):
             packed[byte0 + j] = np.uint8(codes[2 * j]) | (np.uint8(codes[2 * j + 1]) << np.uint8(4))
     return -1
+
+
+@njit(nogil=True, cache=True)
+def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, u: np.ndarray, c: float,
+                    first: bool, x: np.ndarray) -> int:
+    n = u.size
+    keep = x.size == n
+    blocks = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
+    if scale_bits.size < blocks or packed.size < (n + 1) // 2:
+        return 0
+    for b in range(blocks):  # check every scale first: a bad one leaves the outputs unwritten
+        bits = np.int64(scale_bits[b])
+        if bits != 0 and (bits < MIN_SCALE_BITS or bits > _MAX_SCALE_BITS_4):
+            return b
+    for b in range(blocks):
+        bits = np.int64(scale_bits[b])
+        s = np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+        for k in range(b * BLOCK_SIZE, min(b * BLOCK_SIZE + BLOCK_SIZE, n)):
+            byte = np.int64(packed[k >> 1])
+            xk = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
+            if keep:
+                x[k] = xk
+            if first:
+                u[k] = np.float64(xk) * c
+            else:
+                u[k] += np.float64(xk) * c
+    return -1

@@ -120,6 +120,20 @@ def decode_span(
     return _DECODERS[codec](memoryview(payload).cast("B"), offset, numel, name, start, stop)
 
 
+def add_decoded_span(
+    payload: bytes | memoryview, codec: Codec, offset: int, numel: int, name: str, start: int, stop: int,
+    u: np.ndarray, c: float, first: bool, x: np.ndarray | None = None,
+) -> bool:
+    """``u = float64(x)·c`` (``first``) or ``u += float64(x)·c`` for ``x`` the decode of elements ``[start,
+    stop)`` (as :func:`decode_span`), in one compiled pass that also writes ``x`` when given; False when it
+    did not run (not int4, the compiled passes off, or a scale to refuse): the caller then decodes with
+    :func:`decode_span`, which gives the reason for a bad span."""
+    if codec is not Codec.INT4 or not kernels.compiled() or start % BLOCK_SIZE or not 0 <= start <= stop <= numel:
+        return False
+    scale_bits, packed = _blockwise_parts(codec, memoryview(payload).cast("B"), offset, numel, name, start, stop)
+    return kernels.decode_int4_add(packed, scale_bits, u, c, first, x)
+
+
 # --- per-tensor records ---------------------------------------------------------------------------
 
 

@@ -170,16 +170,23 @@ def bound_terms(live: LiveTerms, name: str) -> list[tuple[bytes, float, float]]:
     return [(e.meta.update_id, float(c), e.norms[name]) for e, c in live]
 
 
-def _sum_span(terms: Iterable[tuple[np.ndarray, np.float64]], uc: np.ndarray) -> None:
-    """The accumulator ``U`` over one span (PROTOCOL.md, Aggregate): ``uc = c·x`` for the first term, then
-    ``uc += c·x`` in the given (id) order, each product ``float64(x)·c`` rounded once (compiled:
-    :func:`protocol.kernels.accumulate_term`); ``+0`` with no term."""
-    first = True
-    for x, c in terms:
-        accumulate_term(uc, x, c, first)
-        first = False
-    if first:
+def _sum_span(terms: Sequence[tuple[Mapping[str, np.ndarray], np.float64]], name: str, s: slice, uc: np.ndarray,
+              keep: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    """The accumulator ``U`` over span ``s`` of tensor ``name`` (PROTOCOL.md, Aggregate): ``uc = c·x`` for the
+    first term, then ``uc += c·x`` in the given (id) order, each product ``float64(x)·c`` rounded once
+    (:func:`protocol.kernels.accumulate_term`; a payload's span is decoded in the same compiled loop when it
+    can be, :meth:`PayloadDeltas.add_span`); ``+0`` with no term. With ``keep`` (a float32 buffer per term),
+    returns each term's float32 span (in its buffer when decoded there)."""
+    xs = []
+    for k, (deltas, c) in enumerate(terms):
+        x = None if keep is None else keep[k][: s.stop - s.start]
+        if not (isinstance(deltas, PayloadDeltas) and deltas.add_span(name, s, uc, c, k == 0, x)):
+            x = span_of(deltas, name, s)
+            accumulate_term(uc, x, c, k == 0)
+        xs.append(x)
+    if not terms:
         uc[...] = 0.0
+    return xs
 
 
 def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = None) -> ScreenSums:
@@ -187,14 +194,15 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
     the flat float64 ``out`` when given, the aggregate's ``U`` for these terms, bit for bit: the same terms in
     the same order, the same operations) and takes the :class:`ScreenSums` of ``live``."""
     buf, tmp = (None if out is not None else _buffer(size)), _buffer(size)
+    terms = [(e.deltas, _F64(c)) for e, c in live]
+    keep = [np.empty(min(CHUNK, size), dtype=np.float32) for _ in live]
     squares: list[float] = []
     along: list[list[float]] = [[] for _ in live]
     pair: list[float] = []
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
-        xs = [span_of(e.deltas, name, s) for e, _ in live]  # float32: each product below is widened exactly
-        _sum_span(zip(xs, (_F64(c) for _, c in live)), uc)
+        xs = _sum_span(terms, name, s, uc, keep)  # float32: each product below is widened exactly
         squares.append(float(np.sum(np.square(uc, out=t))))
         for part, x in zip(along, xs, strict=True):
             part.append(float(np.sum(np.multiply(x, uc, out=t, dtype=_F64))))
@@ -344,7 +352,7 @@ def canonical_spans(
     for s in spans(size):
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
-        _sum_span(((span_of(deltas, name, s), c) for deltas, c in terms), uc)
+        _sum_span(terms, name, s, uc)
         yield s, uc, float(np.sum(np.square(uc, out=t)))
 
 

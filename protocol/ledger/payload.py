@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.compression import Codec, decode_span, payload_size, record_offsets
+from protocol.compression import Codec, add_decoded_span, decode_span, payload_size, record_offsets
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger.chunks import flat, tensor_norm
 from protocol.parallel import parallel_map
@@ -76,6 +76,14 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
         numel = math.prod(self.shapes[name])
         stop = min(span.stop, numel)
         return decode_span(self.payload.data, self.payload.codec, self._offsets[name], numel, name, span.start, stop)
+
+    def add_span(self, name: str, span: slice, u: np.ndarray, c: float, first: bool, x: np.ndarray | None = None) -> bool:
+        """``u (+)= float64(span)·c`` with the span decoded on the way (into ``x`` too, when given), in one
+        compiled pass (``protocol.compression.add_decoded_span``); False when that did not run (then
+        nothing was written and the caller decodes with :meth:`span`)."""
+        numel = math.prod(self.shapes[name])
+        return add_decoded_span(self.payload.data, self.payload.codec, self._offsets[name], numel, name, span.start,
+                                min(span.stop, numel), u, c, first, x)
 
     def __getitem__(self, name: str) -> np.ndarray:
         shape = self.shapes[name]

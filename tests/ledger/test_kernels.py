@@ -1,10 +1,13 @@
 """Both paths of protocol.kernels, compiled and numpy, give the bits of the numpy evaluation of before."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
 from protocol import kernels
 from protocol.compression import Codec, encode_tensors
+from protocol.ledger import Ledger, LedgerConfig, Outcome, Payload, PayloadDeltas, UpdateMeta
 from protocol.compression.formats import BLOCK_SIZE
 from protocol.compression.tensors import _blockwise_parts, decode_blockwise_numpy, decode_span, record_offsets
 from protocol.errors import Reason, RemoteProtocolError
@@ -181,3 +184,67 @@ def test_a_refused_value_is_found_by_the_int4_encoder_and_reported_as_before(bad
     assert kernels.quantize_int4(x, scale_bits, packed) is False
     with pytest.raises(LocalProtocolError, match="non-finite|above"):
         _encode_blockwise(Codec.INT4, x)
+
+
+def _ledger_run() -> Ledger:
+    """Five slots of int4 updates from four origins, two more origins late into each (one negated), a window
+    of three: closes, late folds, screens and the window bottom's steps all run through protocol.kernels."""
+    shapes = {"emb": (64, 8), "w": (300, 300)}  # "w" spans two chunks
+    rng = np.random.default_rng(11)
+    led = Ledger({k: np.zeros(s, np.float32) for k, s in shapes.items()},
+                 LedgerConfig(window=3, embeddings=frozenset({"emb"})))
+
+    def update(tag: str, slot: int, direction: dict, sign: float = 1.0):
+        deltas = {k: (sign * (direction[k] + rng.standard_normal(shapes[k]))).astype(np.float32) for k in shapes}
+        payload = Payload(Codec.INT4, encode_tensors(deltas, Codec.INT4))
+        meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), tag.split("/")[0], slot, slot, 100, 10)
+        return meta, PayloadDeltas.validated(payload, shapes), payload
+
+    for slot in range(5):
+        direction = {k: 2.0 * rng.standard_normal(s) for k, s in shapes.items()}
+        for peer in range(4):
+            meta, deltas, payload = update(f"p{peer}/{slot}", slot, direction)
+            assert led.add(meta, deltas, payload=payload) is Outcome.APPLIED_OPEN
+        led.close_slot()
+        for peer in (4, 5):
+            meta, deltas, payload = update(f"p{peer}/{slot}", slot, direction, -3.0 if slot == 2 and peer == 4 else 1.0)
+            assert led.add(meta, deltas, payload=payload) is Outcome.FOLDED_LATE
+    led.close_slot()
+    return led
+
+
+def test_a_ledger_on_the_compiled_passes_ends_in_the_bits_of_one_on_numpy():
+    runs = {}
+    for on in (False, True):
+        kernels.use_compiled(on)
+        try:
+            runs[on] = _ledger_run()
+        finally:
+            kernels.use_compiled(False)
+    numpy_run, compiled_run = runs[False], runs[True]
+    assert compiled_run.params_digest() == numpy_run.params_digest()
+    for mine, theirs in ((compiled_run.params(), numpy_run.params()), (compiled_run.momentum(), numpy_run.momentum()),
+                         *zip(compiled_run.canonical_state(), numpy_run.canonical_state())):
+        assert all(same_bits(mine[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("n", [1, 65, 4097, 65536])
+def test_decoding_while_adding_gives_the_decode_and_the_sum_of_the_numpy_passes(n, path):
+    rng = np.random.default_rng(200 + n)
+    payloads = [encode_tensors({"t": drawn(rng, n)}, Codec.INT4) for _ in range(3)]
+    cs = [float(c) for c in rng.lognormal(0, 3, 3)]
+    fused, reference = np.empty(n), np.empty(n)
+    for k, (data, c) in enumerate(zip(payloads, cs)):
+        x = np.empty(n, dtype=np.float32)
+        scale_bits, packed = _blockwise_parts(Codec.INT4, memoryview(data), 0, n, "t", 0, n)
+        ran = kernels.decode_int4_add(packed, scale_bits, fused, c, k == 0, x)
+        assert ran is (path == "compiled")
+        decoded = decode_blockwise_numpy(Codec.INT4, scale_bits, packed, "t", n)
+        if not ran:
+            x = decoded
+            kernels.accumulate_term(fused, x, c, k == 0)
+        if k == 0:
+            np.multiply(decoded, np.float64(c), out=reference, dtype=np.float64)
+        else:
+            reference += np.multiply(decoded, np.float64(c), dtype=np.float64)
+        assert same_bits(x, decoded) and same_bits(fused, reference)
