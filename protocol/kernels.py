@@ -37,8 +37,33 @@ _state = {"compiled": False}
 def use_compiled(on: bool = True) -> None:
     """Run the compiled passes in this process from now on (``on``), or the numpy ones."""
     if on:
-        _jit()  # load numba now, not inside the first pass
+        _warm(_jit())  # load numba and every kernel's code now, not inside the first close
     _state["compiled"] = bool(on)
+
+
+def _warm(jit: ModuleType) -> None:
+    """Call each kernel once with the argument types the outer passes use (numba compiles, or loads, one
+    machine code per signature; a payload's arrays are read-only views of its mapped blob)."""
+    def ro(a: np.ndarray) -> np.ndarray:
+        view = a.view()
+        view.flags.writeable = False
+        return view
+
+    one, f64 = _F64(1.0), np.zeros(2)
+    f32 = np.zeros(2, np.float32)
+    bits, packed = np.zeros(1, np.uint16), np.zeros(1, np.uint8)
+    jit.quantize_int4(f32, bits, packed)
+    jit.decode_int4(ro(packed), ro(bits), jit.LEVELS_4, f32)
+    for x in (f32, _NO_OUTPUT):
+        jit.decode_int4_add(ro(packed), ro(bits), jit.LEVELS_4, f64, one, True, x)
+    for x in (f32, ro(f32)):
+        jit.accumulate_term(f64, x, one, True)
+        for u in (f32.copy(), f64.copy()):
+            jit.fold_term(u, f64, x, one, one)
+    for u in (f32, f64):
+        jit.fold_start(u, f64.copy(), one)
+    jit.nesterov(f32, f32.copy(), f64, one, True, one, one)
+    jit.fold_finish(f32, f32.copy(), f64, one, one, True)
 
 
 def compiled() -> bool:

@@ -10,32 +10,15 @@ canonical evaluation order, so ``CHUNK`` is a fixed constant, never tuned per ma
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from protocol.errors import LocalProtocolError
 
-__all__ = ["CHUNK", "copy_with_norm", "flat", "spans", "tensor_norm", "thread_scratch"]
+__all__ = ["CHUNK", "copy_with_norm", "flat", "spans", "tensor_norm"]
 
 CHUNK = 1 << 16
 _F64 = np.float64
-_scratch = threading.local()
-
-
-def thread_scratch(shape: tuple[int, ...]) -> np.ndarray:
-    """A float64 array of ``shape`` (contents undefined) in this thread's reusable buffer, which grows to the
-    largest size asked for and is kept: a pass that needs a tensor-sized temporary every slot (a radial
-    tensor's accumulator) then neither maps nor faults in fresh memory each time. Valid until this thread's
-    next call."""
-    size = math.prod(shape)
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < size:
-        _scratch.buf = buf = None  # let the old one go before the new one is allocated
-        _scratch.buf = buf = np.empty(size, dtype=_F64)
-    return buf[:size].reshape(shape)
-
-
 def flat(a: np.ndarray) -> np.ndarray:
     """The flat *view* of a C-contiguous array (never a copy: writes must reach ``a``)."""
     if not a.flags.c_contiguous:

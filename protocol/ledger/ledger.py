@@ -62,7 +62,7 @@ from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry, uses_radial
 from protocol.ledger.bound import check_claim
-from protocol.ledger.chunks import flat, thread_scratch
+from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fields import bad_state
@@ -483,7 +483,7 @@ class Ledger:
 
         def one(name: str) -> None:
             if uses_radial(name, self.config):
-                u = thread_scratch(self._shapes[name])  # not kept past this tensor's step
+                u = np.empty(self._shapes[name], dtype=np.float64)
                 _, scale = slot.canonical_tensor(name, u)
                 nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
             else:
