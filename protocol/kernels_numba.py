@@ -17,20 +17,35 @@ LEVELS_4 = np.arange(16, dtype=np.float32) - np.float32(7.5)
 
 
 @njit(nogil=True, cache=True)
-def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, out: np.ndarray) -> int:
-    n = out.size
-    half = BLOCK_SIZE // 2
+def _first_refused_scale(scale_bits: np.ndarray, packed: np.ndarray, n: int) -> int:
+    """-1 when the span's ``n`` values have their bytes and every block scale is one a decoder accepts, else the
+    first refused block (0 for missing bytes)."""
     blocks = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
     if scale_bits.size < blocks or packed.size < (n + 1) // 2:
         return 0
-    for b in range(blocks):  # check every scale first: a bad one leaves ``out`` unwritten
+    for b in range(blocks):
         bits = np.int64(scale_bits[b])
         if bits != 0 and (bits < MIN_SCALE_BITS or bits > _MAX_SCALE_BITS_4):
             return b
-    for b in range(blocks):
-        bits = np.int64(scale_bits[b])
-        # a valid nonzero bf16 scale is a positive normal: (1 + mantissa/128) · 2^(exponent − 127), exact
-        s = np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _scale(bits: int) -> np.float32:
+    """The float32 value of an accepted bf16 scale: 0, or a positive normal (1 + mantissa/128) · 2^(exponent − 127),
+    exact."""
+    return np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+
+
+@njit(nogil=True, cache=True)
+def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, out: np.ndarray) -> int:
+    n = out.size
+    half = BLOCK_SIZE // 2
+    refused = _first_refused_scale(scale_bits, packed, n)  # checked first: a refused span leaves ``out`` unwritten
+    if refused >= 0:
+        return refused
+    for b in range((n + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        s = _scale(np.int64(scale_bits[b]))
         first = b * BLOCK_SIZE
         if first + BLOCK_SIZE <= n:
             byte0 = b * half
@@ -111,7 +126,7 @@ def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> 
             f, e = math.frexp(np.float64(exact))
             q = math.ceil(math.ldexp(f, 8))  # in [128, 256]: 256 carries into the exponent below
             bits = ((e - 1 + 127) << 7) + (q - 128)
-            divisor = np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
+            divisor = _scale(bits)
         scale_bits[b] = bits
         for k in range(count):
             codes[k] = min(np.rint(x[first + k] / divisor + np.float32(7.5)), np.float32(15.0))
@@ -127,24 +142,31 @@ def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> 
 def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, u: np.ndarray, c: float,
                     first: bool, x: np.ndarray) -> int:
     n = u.size
+    half = BLOCK_SIZE // 2
     keep = x.size == n
-    blocks = (n + BLOCK_SIZE - 1) // BLOCK_SIZE
-    if scale_bits.size < blocks or packed.size < (n + 1) // 2:
-        return 0
-    for b in range(blocks):  # check every scale first: a bad one leaves the outputs unwritten
-        bits = np.int64(scale_bits[b])
-        if bits != 0 and (bits < MIN_SCALE_BITS or bits > _MAX_SCALE_BITS_4):
-            return b
-    for b in range(blocks):
-        bits = np.int64(scale_bits[b])
-        s = np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
-        for k in range(b * BLOCK_SIZE, min(b * BLOCK_SIZE + BLOCK_SIZE, n)):
-            byte = np.int64(packed[k >> 1])
-            xk = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
-            if keep:
-                x[k] = xk
-            if first:
-                u[k] = np.float64(xk) * c
-            else:
-                u[k] += np.float64(xk) * c
+    refused = _first_refused_scale(scale_bits, packed, n)  # checked first: a refused span writes nothing
+    if refused >= 0:
+        return refused
+    for b in range((n + BLOCK_SIZE - 1) // BLOCK_SIZE):
+        s = _scale(np.int64(scale_bits[b]))
+        start = b * BLOCK_SIZE
+        if start + BLOCK_SIZE <= n:  # two values per byte, as decode_int4
+            for j in range(half):
+                byte = np.int64(packed[b * half + j])
+                k = start + 2 * j
+                lo, hi = levels[byte & 15] * s, levels[byte >> 4] * s
+                if keep:
+                    x[k], x[k + 1] = lo, hi
+                if first:
+                    u[k], u[k + 1] = np.float64(lo) * c, np.float64(hi) * c
+                else:
+                    u[k] += np.float64(lo) * c
+                    u[k + 1] += np.float64(hi) * c
+        else:
+            for k in range(start, n):
+                byte = np.int64(packed[k >> 1])
+                xk = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
+                if keep:
+                    x[k] = xk
+                u[k] = np.float64(xk) * c if first else u[k] + np.float64(xk) * c
     return -1
