@@ -50,8 +50,10 @@ def nesterov_step(
     canonical state and the working state must round alike). Tensors are stepped in parallel threads."""
 
     def one(name: str) -> None:
+        thf, vf, uf = np.asarray(flat(theta[name])), np.asarray(flat(v[name])), flat(u[name])
         scale = None if scales is None else scales[name]
-        nesterov_chunk(np.asarray(flat(theta[name])), np.asarray(flat(v[name])), flat(u[name]), scale, mu=mu, eta=eta)
+        for s in spans(thf.size):  # the numpy path's temporaries stay chunk-sized
+            nesterov_chunk(thf[s], vf[s], uf[s], scale, eta=eta, mu=mu)
 
     parallel_map(one, theta)
 
