@@ -159,6 +159,11 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint-interval", type=float, default=30.0, metavar="SECONDS",
                     help="at least this long between checkpoints (the first one after the first round); written "
                          "in the background while the next round trains (default %(default)s)")
+    ev.add_argument("--inflight-every", type=float, default=2.0, metavar="SECONDS",
+                    help="with --checkpoint-dir: write the round in flight (its pseudo-gradient so far) there at "
+                         "most every SECONDS, and never more than 5%% of the round's time, so that a crash loses "
+                         "seconds of training, not the round; the next start publishes it; 0: off (default "
+                         "%(default)s)")
     ev.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
                     help="checkpoints kept (default %(default)s)")
     ev.add_argument("--sync-timeout", type=float, default=None, metavar="SECONDS",
@@ -203,6 +208,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
+        inflight_every_s=args.inflight_every,
         keep_checkpoints=args.keep_checkpoints, eval_budget=args.eval_budget,
         compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,

@@ -20,6 +20,7 @@ boundary: an inner round ends after its current step and publishes nothing; no d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -210,6 +211,7 @@ class NodeRuntime:
                     await warm.wait()
                 self._follow_run_schedule(synced_slot)  # after the warm-up: one thread at a time on the loop
                 self._start_training()
+                await self._recover_inflight()
                 drained = False
                 while not self.stop_requested() and not self.rounds.last_round:
                     await self._one_round()
@@ -336,6 +338,17 @@ class NodeRuntime:
         self.stats.state = "training"
         self._progress("training")
         self._background.start_soon(self._intake)
+
+    async def _recover_inflight(self) -> None:
+        """Publish the round a previous process of this node had in flight, if it journaled one
+        (`node.outer.inflight`): after the state sync, before the first round."""
+        journal = self.rounds.journal
+        if journal is None:
+            return
+        load = functools.partial(journal.load, run_id=self.settings.run_id, peer_id=self.peer_id, shapes=self.shapes)
+        inflight = await trio.to_thread.run_sync(load)
+        if inflight is not None:
+            await self.rounds.recover(inflight)
 
     def _catch_up_pace(self) -> tuple[int, float]:
         """For `Replica.pace`: connected peers, and the least time between slot closes on one origin's

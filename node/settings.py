@@ -53,6 +53,7 @@ class NodeSettings:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 1
     checkpoint_interval_s: float = 30.0
+    inflight_every_s: float = 2.0  # node.outer.inflight: journal the round in flight (0: off)
     keep_checkpoints: int = 3
     compression: str = "int4"
     eval_every: int = 5
@@ -104,6 +105,8 @@ class NodeSettings:
             _fail(f"--eval-budget must be in (0, 1], got {self.eval_budget}")
         if not 0.0 <= self.checkpoint_interval_s < float("inf"):
             _fail(f"--checkpoint-interval must be >= 0 seconds, got {self.checkpoint_interval_s}")
+        if not 0.0 <= self.inflight_every_s < float("inf"):
+            _fail(f"--inflight-every must be >= 0 seconds (0: off), got {self.inflight_every_s}")
         if not 0.0 < self.outer_lr < float("inf"):
             _fail(f"--outer-lr must be > 0, got {self.outer_lr}")
         if not 0.0 <= self.outer_momentum < 1.0:

@@ -62,8 +62,12 @@ class NodeStats:
     eval_history: list[list[float]] = field(default_factory=list)
     steps_per_second: float | None = None
     contributed_step_seconds: float = 0.0
-    first_update_at: float | None = None
+    first_update_at: float | None = None  # the first update this process trained (not a recovered one)
     updates_published: int = 0
+    # rounds a previous process of this node had in flight when it ended, published by this one
+    # (node.outer.inflight); their steps count in contributed_step_seconds, inner_steps and tokens too
+    recovered_rounds: int = 0
+    recovered_step_seconds: float = 0.0
     rejections: Counter[str] = field(default_factory=Counter)  # node-level refusals (payload contents)
     sync: dict[str, Any] | None = None  # the state sync this process did, if any
     waiting_for: str | None = None  # while syncing: what the node waits for (a peer, a state, a download)
@@ -144,6 +148,8 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "gossip_addr": host.gossip_addr,
         "http_addr": host.http_addr,
         "updates_published": stats.updates_published,
+        "recovered_rounds": stats.recovered_rounds,
+        "recovered_step_seconds": stats.recovered_step_seconds,
         "ledger_outcomes": dict(sorted(replica.outcomes.items())) if replica is not None else {},
         "held_future": {str(k): v for k, v in replica.held.items()} if replica is not None else {},
         "sync": stats.sync,
@@ -200,6 +206,8 @@ class _Collector(Collector):
             ("updates_published", "updates this node published", s["updates_published"]),
             ("contributed_step_seconds", "inner-step time of rounds whose update was published",
              s["contributed_step_seconds"]),
+            ("recovered_rounds", "rounds of a previous process of this node, in flight when it ended, published "
+             "by this one", s["recovered_rounds"]),
         ]:
             yield CounterMetricFamily(f"diloco_node_{name}", help_text, value=float(value))
         rejected = CounterMetricFamily("diloco_node_updates_rejected", "refused messages and updates",

@@ -38,7 +38,7 @@ from node.island.data import DataError, resolve_vocab
 from node.island.task import Model, flat_name
 from protocol.errors import LocalProtocolError
 
-__all__ = ["BatchSource", "InnerLoop", "RoundResult", "main"]
+__all__ = ["BatchSource", "InnerLoop", "Progress", "RoundResult", "main"]
 
 
 class BatchSource(Protocol):
@@ -66,6 +66,16 @@ class RoundResult:
     seconds: float
     losses: tuple[float, ...]  # per-step training losses
     step: int  # inner steps this loop did in all, after the round (`InnerLoop.step`)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """A round between two of its steps, as `InnerLoop.run`'s `progress` hook sees it: `steps` done in
+    `seconds`; `losses()` waits for their training losses (a device sync: call it only when needed)."""
+
+    steps: int
+    seconds: float
+    losses: Callable[[], tuple[float, ...]]
 
 
 def _is_schedule_state(node: Any) -> bool:
@@ -212,14 +222,17 @@ class InnerLoop:
 
 
     def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None,
-            shift: Callable[[], Mapping[str, np.ndarray] | None] | None = None) -> RoundResult:
+            shift: Callable[[], Mapping[str, np.ndarray] | None] | None = None,
+            progress: Callable[[Progress], None] | None = None) -> RoundResult:
         """Run up to `steps` inner steps and return the round's result. Blocks until done.
 
         `should_stop()` is polled before every step (at most one step is in flight when it is asked);
         when it returns True the round ends early with the steps done so far. `shift()`, also polled
         before every step, may return per-tensor float32 arrays that are added to the parameters (the
-        global parameters this round started from have moved: see `node.outer.rebase`). `run(0)` returns the
-        current params unchanged.
+        global parameters this round started from have moved: see `node.outer.rebase`). `progress(Progress)`
+        is called between steps, after `should_stop` and before `shift` (so `params` are those after the
+        steps done, moved by every shift taken so far): the node journals its round in flight there
+        (`node.outer.inflight`). `run(0)` returns the current params unchanged.
         """
         if steps < 0:
             raise LocalProtocolError(f"steps must be >= 0, got {steps}")
@@ -228,6 +241,9 @@ class InnerLoop:
         for _ in range(steps):
             if should_stop is not None and should_stop():
                 break
+            if progress is not None and pending:
+                progress(Progress(len(pending), time.perf_counter() - start,
+                                  lambda n=len(pending): tuple(float(x) for x in jax.device_get(pending[:n]))))
             moved = shift() if shift is not None else None
             if moved is not None:
                 self._params = self._shifted(moved)

@@ -283,6 +283,10 @@ class Replica:
         """The global parameters θ_slot (float32 copies)."""
         return await self._run(self._ledger.params)
 
+    async def updates_of(self, origin: str) -> list[UpdateMeta]:
+        """The headers of `origin`'s updates in the window, the open slot and the future slots."""
+        return await self._run(lambda: [e.meta for e in self._ledger.entries() if e.meta.origin == origin])
+
     async def params_at(self) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, θ_slot) taken together: the slot the parameters belong to, whatever closes meanwhile."""
         return await self._run(lambda: (self._ledger.slot, self._ledger.params()))

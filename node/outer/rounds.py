@@ -40,18 +40,19 @@ import trio
 
 from node.chaos import Misbehave, Poison, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
+from node.outer.inflight import InflightJournal, InflightRound
 from node.outer.outer_files import map_blob
 from node.outer.resume import encode_ledger_part
 from node.outer.rebase import BaseShift
 from node.outer.replica import Replica
 from node.settings import NodeSettings
 from node.status import NodeStats
-from node.island.train import InnerLoop, RoundResult
+from node.island.train import InnerLoop, Progress, RoundResult
 from node.outer.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import Codec, ErrorFeedback
 from protocol.errors import LocalProtocolError, RemoteProtocolError
-from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy
+from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy, UpdateMeta
 from protocol.ledger.proof import proof_of, proofs_doc
 
 __all__ = ["MIN_ROUND_FRACTION", "PeerRoundClock", "Rounds", "ShouldStop"]
@@ -175,6 +176,9 @@ class Rounds:
         self.settings, self.host, self.replica, self.loop = settings, host, replica, loop
         self.feedback, self.stats, self.policy, self.shapes = feedback, stats, policy, dict(shapes)
         self.heldout, self.checkpoints = heldout, checkpoints
+        # the round in flight, kept on disk while it trains (node.outer.inflight): only with a checkpoint dir
+        every = settings.inflight_every_s
+        self.journal = InflightJournal(checkpoints.directory, every_s=every) if checkpoints and every else None
         self.stop_requested, self.wait_change = stop_requested, wait_change
         self.slowdown = Slowdown(settings.slowdown)
         poisoning = (settings.misbehave or "").startswith("poison:")
@@ -190,6 +194,7 @@ class Rounds:
         # (by the checkpoint writer's thread, read on the trio thread): a reader sees an old or a new set.
         self.pinned: frozenset[str] = frozenset()
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
+        self.last_published: bytes | None = None  # id of this process's last published update (journal)
         self._eval_s = 0.0  # duration of the last evaluation
         self._eval_round = stats.round  # round of the last evaluation (or of the start)
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
@@ -216,10 +221,16 @@ class Rounds:
         started = time.perf_counter()
         self.loop.set_params(shift.applied)
         phases["round_start"] += time.perf_counter() - started
-        result = self.loop.run(self.settings.inner_steps, should_stop=should_stop, shift=shift.take)
+        journal = self._journal_hook(shift, should_stop.min_steps) if self.journal is not None else None
+        result = self.loop.run(self.settings.inner_steps, should_stop=should_stop, shift=shift.take,
+                               progress=journal)
         self.slowdown.end_round()
         if self._interrupted(result):
+            if self.journal is not None and result.steps >= should_stop.min_steps:  # the next start publishes it
+                self._write_journal(shift, result.params, result.steps, result.seconds, result.mean_loss)
             return result, None
+        if self.journal is not None:
+            self.journal.clear()  # before the update is published: a round is never published twice
         started = time.perf_counter()
         try:
             compressed = compress(self.feedback, make_delta(shift.applied, result.params))
@@ -229,6 +240,102 @@ class Rounds:
             return result, None
         phases["compress"] = time.perf_counter() - started
         return result, compressed
+
+    def _journal_hook(self, shift: BaseShift, min_steps: int) -> Callable[[Progress], None]:
+        """`InnerLoop.run`'s progress hook (worker thread): journal the round when its cadence says so, once
+        it has the steps an update needs."""
+        cadence = self.journal.cadence()
+
+        def progress(p: Progress) -> None:
+            if p.steps >= min_steps and cadence.due():
+                started = cadence.clock()
+                losses = p.losses()
+                self._write_journal(shift, self.loop.params, p.steps, p.seconds, float(np.mean(losses)))
+                cadence.wrote(started)
+
+        return progress
+
+    def _write_journal(self, shift: BaseShift, local: Mapping[str, np.ndarray], steps: int, seconds: float,
+                       mean_loss: float) -> None:
+        """Worker thread: journal the round as it stands (Δ against the base it follows now)."""
+        self.journal.write(InflightRound(
+            run_id=self.settings.run_id, peer_id=self.stats.peer_id, round=self.stats.round + 1,
+            base_slot=shift.applied_slot, steps=steps, tokens=steps * self.loop.tokens_per_batch, seconds=seconds,
+            mean_loss=mean_loss, data_position=self.loop.batches.position,
+            previous_update=self.last_published.hex() if self.last_published else "",
+            delta=make_delta(shift.applied, local)))
+
+    async def recover(self, inflight: InflightRound) -> bool:
+        """Publish the round a previous process of this node had in flight when it ended (`node.outer.inflight`),
+        as a late update from the base it followed: call once, after the state sync and before the first
+        round. Its batches are not drawn again. Dropped (logged) when it has fewer steps than a round's
+        minimum, its base is ahead of this replica (no state sync happened) or has left the window. True if
+        it was published."""
+        min_steps = math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps)
+        slot, bottom = self.replica.slot, max(0, self.replica.slot - self.settings.window)
+        later = [m for m in await self.replica.updates_of(self.stats.peer_id)
+                 if m.update_id.hex() != inflight.previous_update and m.base_slot >= inflight.base_slot]
+        if later:
+            why = (f"the run holds {len(later)} later update(s) of this node (from a base >= {inflight.base_slot}): "
+                   f"it was published or superseded (a restored copy of the directory?)")
+        elif inflight.steps < min_steps:
+            why = f"{inflight.steps} steps, fewer than a round's minimum of {min_steps}"
+        elif inflight.base_slot > slot:
+            why = f"its base slot {inflight.base_slot} is ahead of this replica's slot {slot}"
+        elif inflight.base_slot < bottom:
+            why = f"its base slot {inflight.base_slot} has left the window (bottom {bottom})"
+        else:
+            why = None
+        self.journal.clear()
+        if why is not None:
+            log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
+                        inflight.steps, why)
+            return False
+        self.loop.batches.seek(max(self.loop.batches.position, inflight.data_position))
+        payload, norms = await trio.to_thread.run_sync(compress, self.feedback, dict(inflight.delta))
+        try:
+            signed, meta, _, outcome = await self._publish(payload, norms, inflight.base_slot, inflight.tokens,
+                                                           inflight.steps)
+        except OSError as exc:
+            log.error("round %d of the previous process not published: %s", inflight.round, exc)
+            self.feedback.reset()
+            return False
+        stats = self.stats
+        stats.round += 1
+        stats.updates_published += 1
+        stats.contributed_step_seconds += inflight.seconds
+        stats.recovered_rounds += 1
+        stats.recovered_step_seconds += inflight.seconds
+        stats.observe_round(inflight.steps, inflight.seconds, inflight.tokens, inflight.mean_loss)
+        log.info("round %d recovered from the previous process: %d steps, loss %.4f, %.2f s; published %s "
+                 "(base %d, slot %d): %s", stats.round, inflight.steps, inflight.mean_loss, inflight.seconds,
+                 signed.message_id.hex()[:16], inflight.base_slot, meta.target_slot,
+                 outcome.value if outcome else "refused")
+        return True
+
+    async def _publish(self, payload: bytes, norms: dict[str, float], base_slot: int, tokens: int, steps: int,
+                       lap: Callable[[str], None] = lambda phase: None):
+        """Sign and publish an update of this node (publish slot: the replica's now), and add it to the own
+        ledger from its stored blob (kept mapped, not in memory). Returns (signed, meta, deltas, outcome).
+        Raises OSError when the blob cannot be stored (a full disk: peers could not fetch it). `lap` is told
+        when the "publish" and "ledger_add" phases end."""
+        signed = await self.host.publish_update(
+            payload, base_slot=base_slot, publish_slot=self.replica.slot, tokens=tokens, inner_steps=steps,
+            codec=self.settings.compression, shapes=shapes_field(self.shapes))
+        lap("publish")
+        meta = update_meta(signed)
+        stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+        stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
+        outcome, _ = await self.replica.add(meta, stored_deltas, stored, proof_of(signed))
+        lap("ledger_add")
+        await self._track(meta, signed)
+        return signed, meta, stored_deltas, outcome
+
+    async def _track(self, meta: UpdateMeta, signed) -> None:
+        """After an own update was added: keep the proofs bounded by the window, and its blob for clean-up."""
+        await self.replica.prune_proofs_to_window()
+        self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
+        self.last_published = meta.update_id
 
     async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
@@ -287,18 +394,21 @@ class Rounds:
         phases["inner_steps"] = result.seconds
         phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
         if compressed is None:
-            log.info("round %d interrupted after %d steps: not published", self.stats.round + 1, result.steps)
+            kept = self.journal is not None and self.journal.path.exists()
+            log.info("round %d interrupted after %d steps: %s", self.stats.round + 1, result.steps,
+                     "journaled, the node's next start publishes it" if kept else "not published")
             return False
         payload, norms = compressed
         publish_slot = self.replica.slot
         if self.poison is not None:
             signed, outcome, stored_deltas = await self._publish_poisoned(payload, norms, base_slot, publish_slot)
             meta = update_meta(signed)
+            clock.lap("publish")
+            await self._track(meta, signed)
         else:
             try:
-                signed = await self.host.publish_update(
-                    payload, base_slot=base_slot, publish_slot=publish_slot, tokens=result.tokens,
-                    inner_steps=result.steps, codec=self.settings.compression, shapes=shapes_field(self.shapes))
+                signed, meta, stored_deltas, outcome = await self._publish(payload, norms, base_slot, result.tokens,
+                                                                           result.steps, clock.lap)
             except OSError as exc:  # the blob could not be stored (a full disk): peers could not fetch it
                 first = "update_blob" not in self.stats.disk_errors
                 self.stats.disk_errors["update_blob"] = f"round {self.stats.round + 1} not published: {exc}"
@@ -309,14 +419,6 @@ class Rounds:
                 return False
             if self.stats.disk_errors.pop("update_blob", None) is not None:
                 log.warning("update blobs are written again: round %d published", self.stats.round + 1)
-            clock.lap("publish")
-            meta = update_meta(signed)
-            stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
-            stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
-            outcome, _ = await self.replica.add(meta, stored_deltas, stored, proof_of(signed))  # kept mapped, not in memory
-        clock.lap("ledger_add")
-        await self.replica.prune_proofs_to_window()
-        self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
         self._count(result)
         log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",
                  self.stats.round, result.steps, result.mean_loss, result.seconds, signed.message_id.hex()[:16],

@@ -4,22 +4,25 @@ ledger and a fake inner loop (no JAX, no network)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
 from node.checkpoint import CheckpointDir
+from node.outer.inflight import InflightRound
 from node.outer.replica import Replica
 from node.outer.rounds import PeerRoundClock, Rounds
 from node.settings import NodeSettings
 from node.status import NodeStats
 from p2p.blobstore import BlobStore
 from protocol.compression import ErrorFeedback
-from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, SlotClosePolicy
+from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, SlotClosePolicy, UpdateMeta
 
 SHAPES = {"b": (3,), "w": (4, 4)}
 
@@ -39,9 +42,10 @@ class FakeLoop:
 
 
 def make_rounds(tmp: Path, **settings) -> Rounds:
+    settings.setdefault("window", 4)
     s = NodeSettings(run_id="r", key_path=tmp / "key", checkpoint_dir=tmp / "ckpt", **settings)
     stats = NodeStats("p")
-    ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=4))
+    ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=s.window))
     checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
     # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
     host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""),
@@ -138,3 +142,51 @@ def test_peers_due_are_those_whose_next_update_may_land_before_the_deadline() ->
     assert clock.due(29.0, 36.0) == 2
     assert clock.due(44.0, 45.0) == 0, "both overdue by more than half a round: late or gone"
     assert clock.due(24.0, 26.0) == 0, "'new' was seen too long ago (more than two typical rounds)"
+
+
+def _inflight(rounds: Rounds, **changes) -> InflightRound:
+    fields = dict(run_id="r", peer_id="p", round=rounds.stats.round + 1, base_slot=rounds.replica.slot, steps=30,
+                  tokens=30 * 64, seconds=3.0, mean_loss=2.0, data_position=90, previous_update="",
+                  delta={n: np.full(sh, 0.01, np.float32) for n, sh in SHAPES.items()})
+    fields.update(changes)
+    return InflightRound(**fields)
+
+
+async def _own_update(rounds: Rounds, base_slot: int, tag: bytes) -> bytes:
+    """Put an update of this node ('p') into its ledger, as a previous process of it published one."""
+    update_id = tag.ljust(32, b"\0")
+    meta = UpdateMeta(update_id=update_id, origin="p", base_slot=base_slot, publish_slot=rounds.replica.slot,
+                      tokens=64, inner_steps=1)
+    await rounds.replica.add(meta, {n: np.zeros(sh, np.float32) for n, sh in SHAPES.items()})
+    return update_id
+
+
+@pytest.mark.parametrize("case", ["too few steps", "base ahead", "left the window", "published since"])
+async def test_a_round_in_flight_that_cannot_stand_as_an_update_is_dropped(tmp_path: Path, caplog, case) -> None:
+    """`Rounds.recover` publishes nothing (no host is needed: it never reaches it) and removes the journal
+    when the journaled round has fewer steps than a round's minimum (H/8), a base ahead of the replica (no
+    state sync happened), a base below the window, or when the run holds a later update of this node than
+    the one published before that round (the journal came from a restored copy: published already)."""
+    rounds = make_rounds(tmp_path, inner_steps=50)
+    for _ in range(6):
+        await rounds.replica.close_open()
+    previous = await _own_update(rounds, base_slot=4, tag=b"previous")
+    inflight = {
+        "too few steps": _inflight(rounds, steps=6, previous_update=previous.hex()),  # 50 / 8 -> 7 at least
+        "base ahead": _inflight(rounds, base_slot=7, previous_update=previous.hex()),
+        "left the window": _inflight(rounds, base_slot=1, previous_update=previous.hex()),
+        "published since": _inflight(rounds, base_slot=4, previous_update=b"older".ljust(32, b"\0").hex()),
+    }[case]
+    rounds.journal.write(inflight)
+    with caplog.at_level(logging.WARNING, logger="node.outer.rounds"):
+        assert not await rounds.recover(inflight)
+    expected = {"too few steps": "fewer than a round's minimum of 7", "base ahead": "ahead of this replica's slot 6",
+                "left the window": "has left the window (bottom 2)", "published since": "1 later update(s)"}[case]
+    assert expected in caplog.text, caplog.text
+    assert not rounds.journal.path.exists() and rounds.stats.recovered_rounds == 0
+    assert rounds.stats.updates_published == 0
+
+
+def test_the_journal_is_on_only_with_a_checkpoint_directory_and_an_interval(tmp_path: Path) -> None:
+    assert make_rounds(tmp_path).journal.path == tmp_path / "ckpt" / "inflight.dlc"
+    assert make_rounds(tmp_path / "off", inflight_every_s=0.0).journal is None

@@ -1,7 +1,9 @@
 """Tier (c): a crash and a restart never set the run's learning back.
 
-Three real nodes train; one of them is SIGKILLed and restarted three times — from its newest checkpoint,
-from a checkpoint many rounds older than the run, and with its checkpoint directory wiped. After each
+Three real nodes train; one of them is SIGKILLed and restarted three times — from its newest checkpoint
+(killed in the middle of a round, whose journaled steps the new process then publishes once:
+`node.outer.inflight`), from a checkpoint many rounds older than the run (its copied journal is not
+published again), and with its checkpoint directory wiped. After each
 restart the two nodes that were never killed must not see their held-out loss rise (each evaluation in
 the rounds after the restart within `NOISE` of the one before it) and must never fork (no "histories
 forked", no adopted state), nor close more slots than the rounds they train (each slot close is an outer
@@ -19,7 +21,7 @@ import statistics
 import time
 
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "1", "--eval-batches", "4",
-          "--eval-budget", "1", "--drain-timeout", "30", "--checkpoint-interval", "0"]
+          "--eval-budget", "1", "--drain-timeout", "30", "--checkpoint-interval", "0", "--inflight-every", "0.5"]
 START_S = 180.0
 NOISE = 0.08  # an evaluation may be this much above the median of the last three before the restart
 AFTER_ROUNDS = 4  # evaluations of the never-killed nodes watched after each restart
@@ -80,7 +82,11 @@ def test_restarts_from_a_new_an_old_and_no_checkpoint_never_set_the_survivors_ba
                  "a restart with its checkpoint directory wiped"):
         at = c.status()["round"]
         c.wait_status(lambda s: s["round"] >= at + 3, 120.0, "c trained on")
+        journal = c.home / "ckpt" / "inflight.dlc"
+        if "newest" in what:  # in the middle of a round, once its journal is written (node.outer.inflight)
+            c.wait_status(lambda s: journal.exists(), 60.0, "c's round in flight journaled")
         c.kill()  # SIGKILL: no goodbye, no last checkpoint
+        in_flight = journal.exists()  # the round may have ended (and removed it) just before the kill
         if "old" in what:
             shutil.rmtree(c.home / "ckpt")
             shutil.copytree(old, c.home / "ckpt")
@@ -92,6 +98,10 @@ def test_restarts_from_a_new_an_old_and_no_checkpoint_never_set_the_survivors_ba
         c.wait_listening(START_S)
         back = c.wait_status(lambda s: s["state"] == "training", START_S, f"c training again after {what}")
         c.wait_status(lambda s: s["round"] >= back["round"] + 2, 120.0, f"c contributing after {what}")
+        if "newest" in what:  # the killed round's steps were published by the new process, once
+            assert c.status()["recovered_rounds"] == int(in_flight), c.log_path.read_text()[-3000:]
+        else:  # an old copy's journal was published by the process that went on; a wiped one has none
+            assert c.status()["recovered_rounds"] == 0
         _watch_restart((a, b), restarted_at, at_restart, what)
 
     c.terminate()
