@@ -121,6 +121,10 @@ def bench_goodput(a: argparse.Namespace) -> None:
     if joins:
         print(f"restarted processes, start -> first contributed update: median {np.median(joins):.1f} s "
               f"(min {min(joins):.1f}, max {max(joins):.1f}, {len(joins)} processes)")
+    rec = r["recovered"]
+    if rec["rounds"] is not None:
+        print(f"rounds in flight at a kill, published by the next process: {rec['rounds']} "
+              f"({rec['step_seconds']:.1f} s of inner steps)")
     q = r["quality"]
     tok, wall, jumps = q["at_equal_tokens"], q["at_equal_wall_time"], r["loss_after_restarts"]
     print(f"held-out bpb at equal tokens ({tok['tokens_from']:,}..{tok['tokens_to']:,}, {tok['evaluations']} "

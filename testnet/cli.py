@@ -19,7 +19,9 @@ kill), or no node trained, fails, quoting the last lines of each failed node's l
 Exit status (EXIT_STATUS, also in `--help`):
     0    the run worked; the report is written and printed
     1    the run failed: every node failed, no node trained, or the baseline failed (records and a
-         report marked failed stay in the run directory)
+         report marked failed stay in the run directory); or the run's files could not be written (a
+         full disk: the records of a full disk during the run are written when space is back, and a
+         warning says what could not be)
     2    bad arguments (one line naming the flag), or the nodes could not be started (a node never
          printed LISTENING: its log is quoted), or the WAN emulation could not be set up
     130  interrupted (Ctrl-C, SIGTERM, SIGHUP): every process was stopped, and the report of what ran
@@ -58,7 +60,8 @@ from testnet.wan import LinkSpec, WanError, WanNetwork, is_loopback, probe
 
 __all__ = ["EXIT_STATUS", "Options", "build_plan", "check_inputs", "main", "parse_args", "run_testnet"]
 
-EXIT_STATUS = {0: "the run worked", 1: "the run failed (every node failed, no node trained, or the baseline failed)",
+EXIT_STATUS = {0: "the run worked", 1: "the run failed (every node failed, no node trained, or the baseline failed), "
+                                      "or its files could not be written (a full disk)",
                2: "bad arguments, or the nodes could not be started",
                130: "interrupted (the report of what ran is written)"}
 
@@ -198,6 +201,9 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
         raise
     finally:
         recorder.close()
+        if (problem := recorder.problem()) is not None:
+            print(f"diloco-testnet: warning: the run's records in {run_dir} could not all be written ({problem}); "
+                  "the report covers what was", file=sys.stderr, flush=True)
         meta.t_launch, meta.t_end = sup.t0, sup.t_end
         (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
 
@@ -478,6 +484,10 @@ def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:
         return 1
     except BaselineError as e:
         print(f"diloco-testnet: run failed: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. a full disk while writing the run's files (the nodes were stopped)
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"diloco-testnet: the run's files could not be written{where}: {e.strerror or e}", file=sys.stderr)
         return 1
     finally:
         leftover = registry.kill_all_now()  # only if cleanup itself was interrupted (a second Ctrl-C)

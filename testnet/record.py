@@ -11,7 +11,8 @@ Files (all times are Unix seconds, like the node's `started_at`):
 - `baseline.json`, `solo.json`: optional (see `testnet.baseline_run`, `testnet.cli`).
 - `node-<i>.log`, `keys/`, `checkpoints/`: the nodes' own files.
 
-`Recorder` appends and flushes one line per call (a crash loses at most the line being written);
+`Recorder` appends one line per call straight to the file (a crash loses at most the line being written; a
+full disk loses nothing while lines can wait in memory, and is reported, not raised);
 `load_run` reads a directory back into a `RunRecord`, the only input of `testnet.report`.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +58,61 @@ class RunMeta:
         return cls(**d)
 
 
+_WAITING_MAX = 64 << 20  # bytes of lines a full disk refused, kept to be written when space is back
+
+
+class _Appender:
+    """One JSONL file, appended a line at a time with `os.write` (nothing buffered in the process). A write
+    the disk refuses (full, quota) does not raise: the line waits, and goes first at the next append, when
+    there may be space again (the nodes' clean-up frees blobs); `error` says what happened, `lost` counts
+    the lines dropped once `_WAITING_MAX` bytes wait."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._waiting = bytearray()
+        self.error: str | None = None
+        self.lost = 0
+
+    def append(self, line: str) -> None:
+        data = line.encode()
+        if len(self._waiting) + len(data) > _WAITING_MAX:
+            self.lost += 1
+        else:
+            self._waiting += data
+        try:
+            while self._waiting:
+                del self._waiting[: os.write(self._fd, self._waiting)]
+        except OSError as exc:
+            self.error = f"{self.path.name}: {exc.strerror or exc}"
+
+    def close(self) -> None:
+        self.append("")  # a last try for the lines that wait
+        if self._waiting:
+            self.lost += self._waiting.count(b"\n")
+        os.close(self._fd)
+
+
 class Recorder:
-    """Appends events and status samples to the run directory's JSONL files."""
+    """Appends events and status samples to the run directory's JSONL files. A full disk does not stop
+    the run: `problem()` says what could not be written."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._events = open(run_dir / "events.jsonl", "a", encoding="utf-8")
-        self._status = open(run_dir / "status.jsonl", "a", encoding="utf-8")
+        self._events = _Appender(run_dir / "events.jsonl")
+        self._status = _Appender(run_dir / "status.jsonl")
+
+    def problem(self) -> str | None:
+        """None, or what went wrong writing the records (the last error, and lines lost for good)."""
+        errors = [f.error for f in (self._events, self._status) if f.error]
+        if not errors:
+            return None
+        lost = self._events.lost + self._status.lost
+        return "; ".join(errors) + (f"; {lost} line(s) lost" if lost else "; every line written once space was back")
 
     def event(self, t: float, node: int, inc: int, event: str, **fields: Any) -> None:
-        self._events.write(json.dumps({"t": t, "node": node, "inc": inc, "event": event, **fields}) + "\n")
-        self._events.flush()
+        self._events.append(json.dumps({"t": t, "node": node, "inc": inc, "event": event, **fields}) + "\n")
 
     def sample(self, t: float, node: int, inc: int, *, status: dict[str, Any] | None = None,
                error: str | None = None) -> None:
@@ -76,8 +121,7 @@ class Recorder:
             row["status"] = status
         else:
             row["error"] = error or "unknown error"
-        self._status.write(json.dumps(row) + "\n")
-        self._status.flush()
+        self._status.append(json.dumps(row) + "\n")
 
     def close(self) -> None:
         self._events.close()

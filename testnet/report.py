@@ -23,6 +23,8 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   by SIGTERM while training, every pair of honest nodes was seen holding the same ledger digest after
   the last fault.
 - join time: `first_update_at − started_at` per process; recovery: first update after a restart − kill.
+- recovered rounds: rounds in flight at a kill that the node's next process published (`recovered_rounds`,
+  `recovered_step_seconds` of `/status`; `node.outer.inflight`); their seconds count in goodput.
 - time breakdown: where the processes' wall time went, from each process's last `/status` `time_s`
   (seconds per phase: inner steps, compress, publish, slot-close wait, evaluation, checkpoint, ...), as
   fractions of the processes' wall time from start to last sample; `other` is the rest (start-up
@@ -158,6 +160,16 @@ def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool | None]:
             candidates += 1
             joined += ok
     return rows, (joined == candidates if candidates else None)
+
+
+def _recovered(tl: Timeline) -> dict[str, Any]:
+    """Rounds a process had in flight when it ended, published by the node's next process (`node.outer.inflight`),
+    and their inner-step seconds (part of goodput's contributed time); None without any /status answer."""
+    if not any(inc.samples for inc in tl.incs.values()):
+        return {"rounds": None, "step_seconds": None}
+    return {"rounds": sum(int(inc.last.get("recovered_rounds") or 0) for inc in tl.incs.values()),
+            "step_seconds": _round(sum(float(inc.last.get("recovered_step_seconds") or 0.0)
+                                       for inc in tl.incs.values()), 2)}
 
 
 def _time_breakdown(tl: Timeline, nodes: set[int] | None = None) -> dict[str, Any]:
@@ -305,7 +317,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
         "agreement": _agreement(tl, honest),
         "rejections": {"total": total, "per_node": {str(k): v for k, v in per_reason_node.items()}},
         "outcome": assess(tl).to_dict(),
-        "joins": joins, "rejoined": rejoined,
+        "joins": joins, "rejoined": rejoined, "recovered": _recovered(tl),
         "time": {"all": _time_breakdown(tl), "never_killed": _time_breakdown(tl, set(range(meta.nodes)) - killed)},
         "quality": {"final_bpb": {str(k): _round(v) for k, v in finals.items()}, "mean_final_bpb": _round(mean_final),
                     "late_mean_bpb": _round(statistics.mean(late)) if late else None, "late_evaluations": len(late),

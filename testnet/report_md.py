@@ -142,6 +142,9 @@ def _rows(fig: dict[str, Any]) -> list[tuple[str, str, str]]:
          + ("n/a" if rejected is None else ", ".join(f"{k}: {v}" for k, v in rejected.items()) or "none")),
         ("restarted nodes rejoined", _yes_no(fig["rejoined"]),
          f"every restarted process published an update again; {run['restarts']} restarts"),
+        ("rounds recovered after a kill", _fmt(fig["recovered"]["rounds"], "d"),
+         "rounds in flight when a process ended, published by the node's next process "
+         f"({_fmt(fig['recovered']['step_seconds'], '.1f')} s of inner steps)"),
         ("nodes failed", str(len(outcome["failed_nodes"])),
          "nodes that exited by themselves or did not come back: "
          + ("; ".join(f"node {f['node']}: {f['reason']}" for f in outcome["failed_nodes"]) or "none")),
