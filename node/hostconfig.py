@@ -4,7 +4,7 @@ advertises, the gossip timings, and the hook that checks a received update befor
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import p2p
@@ -27,9 +27,10 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shapes: Mapping[str, tuple[int, ...]],
-                ledger: LedgerConfig, run_config: str, admission: Admission) -> p2p.HostConfig:
+                ledger: LedgerConfig, run_config: str, admission: Admission,
+                seen: Callable[[bytes], bool] | None = None) -> p2p.HostConfig:
     """The host of a node with these settings, keeping its blobs under `data_dir` and accepting updates that
-    fit `shapes` and `ledger` (`node.outer.updates.accept_hook`)."""
+    fit `shapes` and `ledger` and that `seen` does not know (`node.outer.updates.accept_hook`)."""
     s = settings
     host, gossip_port = _host_port(s.listen)
     http_host, http_port = _host_port(s.http)
@@ -42,4 +43,4 @@ def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shap
                           listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                           advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                           advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                          accept=accept_hook(shapes, ledger), run_config=run_config, admission=admission)
+                          accept=accept_hook(shapes, ledger, seen), run_config=run_config, admission=admission)

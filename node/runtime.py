@@ -185,7 +185,8 @@ class NodeRuntime:
             self.bottom_store = MappedBottom(data_dir / "outer")  # the ledger's window bottom, on disk
             async with trio.open_nursery() as nursery:
                 self.host = await nursery.start(p2p.run, host_config(self.settings, self.identity, data_dir, self.shapes,
-                                                                      self.ledger_config, self.run_config, self.admission))
+                                                                      self.ledger_config, self.run_config, self.admission,
+                                                                      seen=self._in_ledger))
                 self._background = await nursery.start(self._background_tasks)
                 self._nursery = nursery  # background checkpoint writes: `_finish` waits for them
                 self.status = StatusRoutes(self.stats, self.host)
@@ -338,6 +339,10 @@ class NodeRuntime:
         self.stats.state = "training"
         self._progress("training")
         self._background.start_soon(self._intake)
+
+    def _in_ledger(self, update_id: bytes) -> bool:
+        """The host's check before it fetches an update's payload (trio thread): the replica has it already."""
+        return self.replica is not None and self.replica.has_seen(update_id)
 
     async def _recover_inflight(self) -> None:
         """Publish the round a previous process of this node had in flight, if it journaled one
