@@ -30,7 +30,7 @@ def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shap
                 ledger: LedgerConfig, run_config: str, admission: Admission,
                 seen: Callable[[bytes], bool] | None = None) -> p2p.HostConfig:
     """The host of a node with these settings, keeping its blobs under `data_dir` and accepting updates that
-    fit `shapes` and `ledger` and that `seen` does not know (`node.outer.updates.accept_hook`)."""
+    fit `shapes` and `ledger` (`node.outer.updates.accept_hook`); an update `seen` knows is a duplicate (`known`)."""
     s = settings
     host, gossip_port = _host_port(s.listen)
     http_host, http_port = _host_port(s.http)
@@ -43,4 +43,4 @@ def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shap
                           listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                           advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                           advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                          accept=accept_hook(shapes, ledger, seen), run_config=run_config, admission=admission)
+                          accept=accept_hook(shapes, ledger), known=seen, run_config=run_config, admission=admission)

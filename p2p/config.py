@@ -45,6 +45,8 @@ class HostConfig:
     seed: int | None = None  # for the router's randomness (None: from the OS)
     clock: Callable[[], float] = time.time  # Unix time: seqnos and replay windows use it
     accept: AcceptHook | None = None  # application check on signed messages, raises RemoteProtocolError
+    # message ids the application holds already (a node's ledger): duplicates before any fetch or forward
+    known: Callable[[bytes], bool] | None = None
     agent: str = "diloco/0.1"
     run_config: str = ""  # protocol.runconfig text sent in the hello; a peer's must be equal
     admission: Admission | None = None  # protocol.admission; None becomes an open run's in __post_init__

@@ -280,7 +280,7 @@ class Host:
                 rng = random.Random(cfg.seed if cfg.seed is not None else os.urandom(16))
                 self.router = Router(
                     cfg.gossip_config, PeerInfo(self.peer_id, self.gossip_addr, self.http_addr), rng=rng,
-                    bootstrap=cfg.bootstrap, accept=cfg.admission.accept_hook(cfg.accept),
+                    bootstrap=cfg.bootstrap, accept=cfg.admission.accept_hook(cfg.accept), known=cfg.known,
                 )
                 for name in self.store.names():
                     self.router.blob_stored(name, self.now())

@@ -15,8 +15,8 @@ The update is honest and ordinary: `inner_steps` and `tokens` are the steps it r
 the slot it last followed, so every replica weights it by its tokens and its staleness like any late
 update (PROTOCOL.md §11c); nothing on the wire changes. It is dropped, with a log line, when it is of
 another run or peer, has fewer steps than a round's minimum (`MIN_ROUND_FRACTION` of H: an update stands
-for real work), its base has left the window (too stale to help), or the run already holds an update of
-this node, other than the one published before the journaled round, from that base or a later one: the
+for real work), its base has left the window (too stale to help), or the run already holds an update
+this node published after the journaled round started (an update's seqno is its publication time): the
 journal then comes from a restored copy of the directory, and its round was published, or superseded,
 by the process that went on (a round is never published twice).
 
@@ -66,7 +66,7 @@ class InflightRound:
     seconds: float  # inner-step time of those steps
     mean_loss: float
     data_position: int  # batches drawn when it was written (a restart does not train on them again)
-    previous_update: str  # hex id of the node's update published before this round ("" if none)
+    started_at: float  # when the round started (Unix seconds, the host's clock)
     delta: Mapping[str, np.ndarray]  # Δ = θ_base − θ_local, float32
 
     @property
@@ -74,7 +74,7 @@ class InflightRound:
         return {"round": self.round, "kind": "inflight", "run_id": self.run_id, "peer_id": self.peer_id,
                 "base_slot": self.base_slot, "steps": self.steps, "tokens": self.tokens, "seconds": self.seconds,
                 "mean_loss": self.mean_loss, "data_position": self.data_position,
-                "previous_update": self.previous_update, "written_at": time.time()}
+                "started_at": self.started_at, "written_at": time.time()}
 
 
 class JournalCadence:
@@ -172,7 +172,7 @@ def _from_checkpoint(ckpt: Checkpoint) -> InflightRound:
         raise CheckpointError(f"impossible counts {ints}")
     delta = {k: np.asarray(v, np.float32) for k, v in ckpt.inner.items()}
     return InflightRound(run_id=str(m["run_id"]), peer_id=str(m["peer_id"]), seconds=float(m["seconds"]),
-                         mean_loss=float(m["mean_loss"]), previous_update=str(m["previous_update"]), delta=delta,
+                         mean_loss=float(m["mean_loss"]), started_at=float(m["started_at"]), delta=delta,
                          **ints)
 
 

@@ -194,7 +194,7 @@ class Rounds:
         # (by the checkpoint writer's thread, read on the trio thread): a reader sees an old or a new set.
         self.pinned: frozenset[str] = frozenset()
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
-        self.last_published: bytes | None = None  # id of this process's last published update (journal)
+        self._round_started_at = 0.0  # the host's clock when the round in progress started (its journal)
         self._eval_s = 0.0  # duration of the last evaluation
         self._eval_round = stats.round  # round of the last evaluation (or of the start)
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
@@ -262,7 +262,7 @@ class Rounds:
             run_id=self.settings.run_id, peer_id=self.stats.peer_id, round=self.stats.round + 1,
             base_slot=shift.applied_slot, steps=steps, tokens=steps * self.loop.tokens_per_batch, seconds=seconds,
             mean_loss=mean_loss, data_position=self.loop.batches.position,
-            previous_update=self.last_published.hex() if self.last_published else "",
+            started_at=self._round_started_at,
             delta=make_delta(shift.applied, local)))
 
     async def recover(self, inflight: InflightRound) -> bool:
@@ -273,11 +273,12 @@ class Rounds:
         it was published."""
         min_steps = math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps)
         slot, bottom = self.replica.slot, max(0, self.replica.slot - self.settings.window)
+        since = int(inflight.started_at * 1e6)  # a seqno is its publication time in microseconds, at least
         later = [m for m in await self.replica.updates_of(self.stats.peer_id)
-                 if m.update_id.hex() != inflight.previous_update and m.base_slot >= inflight.base_slot]
+                 if (proof := self.replica.proofs.get(m.update_id)) is not None and proof.seqno >= since]
         if later:
-            why = (f"the run holds {len(later)} later update(s) of this node (from a base >= {inflight.base_slot}): "
-                   f"it was published or superseded (a restored copy of the directory?)")
+            why = (f"the run holds {len(later)} update(s) this node published after that round started: it was "
+                   f"published or superseded (a restored copy of the directory?)")
         elif inflight.steps < min_steps:
             why = f"{inflight.steps} steps, fewer than a round's minimum of {min_steps}"
         elif inflight.base_slot > slot:
@@ -335,7 +336,6 @@ class Rounds:
         """After an own update was added: keep the proofs bounded by the window, and its blob for clean-up."""
         await self.replica.prune_proofs_to_window()
         self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
-        self.last_published = meta.update_id
 
     async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
@@ -384,6 +384,7 @@ class Rounds:
         clock = _PhaseClock(phases)
         slot, base = await self._base(self.pending)
         shift = BaseShift(base, slot)
+        self._round_started_at = self.host.now()
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),

@@ -49,22 +49,16 @@ def check_header(header: UpdateHeader, shapes: Shapes) -> None:
         raise RemoteProtocolError(Reason.SHAPE_MISMATCH, f"tensors {names}… do not match the model")
 
 
-def accept_hook(shapes: Shapes, ledger: LedgerConfig | None = None,
-                seen: Callable[[bytes], bool] | None = None) -> Callable[[Signed], None]:
+def accept_hook(shapes: Shapes, ledger: LedgerConfig | None = None) -> Callable[[Signed], None]:
     """For `HostConfig.accept`: refuse, from the header alone, an update for another model, with impossible
     slots or counts, or claiming more work than the run allows (`ledger`'s limits: `bad_claim`) — before
-    its payload is fetched and before it is forwarded, so the peer that sent it is the one penalised.
-    An update whose id `seen` knows (the replica's ledger holds it: a node that resumed from its checkpoint
-    or synced a state, which its peers' history announcements repeat) is a `duplicate`, as gossip's own
-    repeats are: not fetched again (at 1B parameters an int4 payload is 0.5 GB), not forwarded, no penalty."""
+    its payload is fetched and before it is forwarded, so the peer that sent it is the one penalised."""
     expected = shapes_field(shapes)
 
     def accept(signed: Signed) -> None:
         body = signed.body
         if not isinstance(body, UpdateHeader):
             return
-        if seen is not None and seen(signed.message_id):
-            raise RemoteProtocolError(Reason.DUPLICATE, f"update {signed.message_id.hex()[:12]} is in the ledger")
         if body.shapes != expected:
             raise RemoteProtocolError(Reason.SHAPE_MISMATCH,
                                       f"update {signed.message_id.hex()[:12]} is for another model")

@@ -38,7 +38,10 @@ Rules (the whole state of the overlay lives here):
     dials               heartbeat, PX, dial_failed       `protocol.gossip.dialer`: while < target_peers
                                                           or < min_outbound dialled by us
 
-Seen-cache, replay window and every message check are `protocol.validation.Validator`'s.
+Seen-cache, replay window and every message check are `protocol.validation.Validator`'s. Two hooks of the
+application: `accept(signed)` refuses a signed message it cannot use (raises RemoteProtocolError), and
+`known(message_id)` names messages it holds already (a node's ledger after a restart or a state sync): those
+are duplicates, neither fetched, forwarded nor asked for with IWANT.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Router:
         validator: Validator | None = None,
         bootstrap: Sequence[str] = (),
         accept: AcceptHook | None = None,
+        known: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.config = config
         self.local = local
@@ -97,6 +101,7 @@ class Router:
             raise LocalProtocolError("validator and config disagree on the run id")
         self.bootstrap = [a for a in bootstrap if a != local.gossip_addr]
         self.accept = accept
+        self.known = known  # message ids the application holds already (a node's ledger): duplicates
         self.peers: dict[str, PeerState] = {}
         self.mesh: set[str] = set()
         self.table = PeerTable(local.peer_id)
@@ -182,6 +187,9 @@ class Router:
         state.last_recv = now
         try:
             message = self.validator.validate(data, now)
+            if isinstance(message, Signed) and self.known is not None and self.known(message.message_id):
+                # e.g. a restarted node's ledger holds an update its peers announce again: not fetched again
+                raise RemoteProtocolError(Reason.DUPLICATE, "held already")
             if isinstance(message, Signed) and self.accept is not None:
                 self.accept(message)
         except RemoteProtocolError as exc:
@@ -323,6 +331,8 @@ class Router:
                 entry.known_by.add(peer)
             elif self.validator.seen.contains(message_id, now):
                 out += self.pending.holder_of_message(message_id, peer, self.peers)
+            elif self.known is not None and self.known(message_id):
+                continue  # the application holds it (`known`): not asked for
             elif len(wanted) >= self.config.max_ihave_ids:
                 continue  # one IWANT per IHAVE; the rest waits for the next announcement
             elif self._iwant_asked.get(message_id, -1e18) < now - self.config.iwant_timeout_s:

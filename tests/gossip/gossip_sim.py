@@ -150,16 +150,19 @@ class SimNet:
         """The node stops: nothing more from it, and nobody is told (half-open connections)."""
         self.nodes[i].up = False
 
-    def restart(self, i: int) -> None:
-        """Same key, fresh state (a new router), same bootstrap list."""
+    def restart(self, i: int, *, keep_blobs: bool = True, known=None) -> None:
+        """Same key, fresh state (a new router), same bootstrap list; `known`: the router's hook for the
+        message ids the application holds (a node whose ledger came back from its checkpoint)."""
         old = self.nodes[i]
         for conn in self.conns_of(i):
             self._conns.pop(conn)
         router = Router(
-            self.config, old.router.local, rng=random.Random(self.rng.random()), bootstrap=old.router.bootstrap
+            self.config, old.router.local, rng=random.Random(self.rng.random()), bootstrap=old.router.bootstrap,
+            known=known,
         )
-        self.nodes[i] = SimNode(i, old.identity, router, blobs=dict(old.blobs), seqnos=old.seqnos)
-        for name in old.blobs:
+        blobs = dict(old.blobs) if keep_blobs else {}
+        self.nodes[i] = SimNode(i, old.identity, router, blobs=blobs, seqnos=old.seqnos)
+        for name in blobs:
             router.blob_stored(name, self.now)
 
     # ---- driving ----------------------------------------------------------------------------------

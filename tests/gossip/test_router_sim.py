@@ -108,6 +108,28 @@ def test_restarted_node_with_the_same_key_rejoins() -> None:
     assert all([d.message.message_id for d in n.delivered][-1:] == [mid] for n in net.nodes if n.index != 4)
 
 
+def test_a_restarted_node_does_not_fetch_again_what_its_application_holds() -> None:
+    """Its peers announce their history to a node that comes back; the updates its ledger holds (`known`)
+    are duplicates: not asked for, not fetched, no penalty. A new update is fetched and delivered."""
+    net = formed(4)
+    old = [net.publish(k % 3, os.urandom(300)) for k in range(6)]
+    net.tick()
+    assert len(net.nodes[3].delivered) == 6
+    net.crash(3)
+    for _ in range(5):
+        net.tick()
+    net.restart(3, keep_blobs=False, known=set(old).__contains__)  # the blobs were cleaned up
+    for _ in range(5):
+        net.tick()
+    back = net.nodes[3]
+    assert len(back.router.peers) == 3
+    assert back.fetches == 0 and back.delivered == [], "nothing it holds was fetched or delivered again"
+    assert all(r.reason is Reason.DUPLICATE for r in back.rejects)
+    new = net.publish(0, os.urandom(300))
+    net.tick()
+    assert [d.message.message_id for d in back.delivered] == [new] and back.fetches == 1
+
+
 def test_bad_signature_is_penalized_and_a_persistent_offender_is_banned() -> None:
     net = formed(3)
     victim, evil = net.nodes[0], net.nodes[1]

@@ -1,7 +1,6 @@
 """Tier (a): the node's header check (`node.outer.updates.accept_hook`), run by the gossip router before a
 payload is fetched and before the header is forwarded: another model, impossible counts and claims above the
-run's limits are refused there, so the peer that sent them is the one penalised; an update the ledger holds
-already is a duplicate, never fetched again."""
+run's limits are refused there, so the peer that sent them is the one penalised."""
 
 from __future__ import annotations
 
@@ -38,15 +37,3 @@ def test_headers_refused_before_any_fetch(fields, reason) -> None:
     with pytest.raises(RemoteProtocolError) as err:
         accept(header(**fields))
     assert err.value.reason is reason
-
-
-def test_an_update_the_ledger_holds_is_a_duplicate_not_fetched_again() -> None:
-    """A restarted node's peers announce their recent updates again; those its ledger holds (resumed from the
-    checkpoint, or in the state it synced) are duplicates before any fetch, like gossip's own repeats."""
-    held, new = header(seqno=1), header(seqno=2)
-    in_ledger = {held.message_id}
-    accept = accept_hook(SHAPES, LedgerConfig(tokens_per_step=512, max_inner_steps=10), seen=in_ledger.__contains__)
-    accept(new)
-    with pytest.raises(RemoteProtocolError) as err:
-        accept(held)
-    assert err.value.reason is Reason.DUPLICATE and held.message_id.hex()[:12] in err.value.detail

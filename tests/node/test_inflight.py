@@ -24,7 +24,7 @@ SHAPES = {"b": (3,), "w": (4, 5)}
 def _round(**changes) -> InflightRound:
     rng = np.random.default_rng(0)
     fields = dict(run_id="run", peer_id="peer-a", round=7, base_slot=12, steps=31, tokens=31 * 256, seconds=4.25,
-                  mean_loss=2.5, data_position=400, previous_update="ab" * 32,
+                  mean_loss=2.5, data_position=400, started_at=1_790_000_000.25,
                   delta={n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()})
     fields.update(changes)
     return InflightRound(**fields)
@@ -38,7 +38,7 @@ def test_a_journal_comes_back_as_written(tmp_path) -> None:
     assert journal.write(_round(steps=40)), "a later write replaces the journal"
     got = journal.load(run_id="run", peer_id="peer-a", shapes=SHAPES)
     assert got.steps == 40 and (got.round, got.base_slot, got.tokens, got.data_position) == (7, 12, 31 * 256, 400)
-    assert (got.seconds, got.mean_loss, got.previous_update) == (4.25, 2.5, "ab" * 32)
+    assert (got.seconds, got.mean_loss, got.started_at) == (4.25, 2.5, 1_790_000_000.25)
     for name in SHAPES:
         assert got.delta[name].dtype == np.float32
         np.testing.assert_array_equal(got.delta[name], written.delta[name])

@@ -23,6 +23,7 @@ from node.status import NodeStats
 from p2p.blobstore import BlobStore
 from protocol.compression import ErrorFeedback
 from protocol.ledger import ClosePolicyConfig, Ledger, LedgerConfig, SlotClosePolicy, UpdateMeta
+from protocol.ledger.proof import UpdateProof
 
 SHAPES = {"b": (3,), "w": (4, 4)}
 
@@ -146,42 +147,44 @@ def test_peers_due_are_those_whose_next_update_may_land_before_the_deadline() ->
 
 def _inflight(rounds: Rounds, **changes) -> InflightRound:
     fields = dict(run_id="r", peer_id="p", round=rounds.stats.round + 1, base_slot=rounds.replica.slot, steps=30,
-                  tokens=30 * 64, seconds=3.0, mean_loss=2.0, data_position=90, previous_update="",
+                  tokens=30 * 64, seconds=3.0, mean_loss=2.0, data_position=90, started_at=990.0,
                   delta={n: np.full(sh, 0.01, np.float32) for n, sh in SHAPES.items()})
     fields.update(changes)
     return InflightRound(**fields)
 
 
-async def _own_update(rounds: Rounds, base_slot: int, tag: bytes) -> bytes:
-    """Put an update of this node ('p') into its ledger, as a previous process of it published one."""
-    update_id = tag.ljust(32, b"\0")
+async def _own_update(rounds: Rounds, base_slot: int, published_at: float) -> None:
+    """Put an update of this node ('p') into its ledger, with its proof (seqno: the publication time in
+    microseconds), as a previous process of it published one."""
+    update_id = int(published_at).to_bytes(32, "big")
     meta = UpdateMeta(update_id=update_id, origin="p", base_slot=base_slot, publish_slot=rounds.replica.slot,
                       tokens=64, inner_steps=1)
     await rounds.replica.add(meta, {n: np.zeros(sh, np.float32) for n, sh in SHAPES.items()})
-    return update_id
+    rounds.replica.proofs[update_id] = UpdateProof(seqno=int(published_at * 1e6), signature=b"")
 
 
 @pytest.mark.parametrize("case", ["too few steps", "base ahead", "left the window", "published since"])
 async def test_a_round_in_flight_that_cannot_stand_as_an_update_is_dropped(tmp_path: Path, caplog, case) -> None:
     """`Rounds.recover` publishes nothing (no host is needed: it never reaches it) and removes the journal
     when the journaled round has fewer steps than a round's minimum (H/8), a base ahead of the replica (no
-    state sync happened), a base below the window, or when the run holds a later update of this node than
-    the one published before that round (the journal came from a restored copy: published already)."""
+    state sync happened), a base below the window, or when the run holds an update this node published
+    after that round started (the journal came from a restored copy: published already). An update of
+    this node published before the round started, from the same base (a round that trained through an
+    open slot), is no such reason."""
     rounds = make_rounds(tmp_path, inner_steps=50)
     for _ in range(6):
         await rounds.replica.close_open()
-    previous = await _own_update(rounds, base_slot=4, tag=b"previous")
-    inflight = {
-        "too few steps": _inflight(rounds, steps=6, previous_update=previous.hex()),  # 50 / 8 -> 7 at least
-        "base ahead": _inflight(rounds, base_slot=7, previous_update=previous.hex()),
-        "left the window": _inflight(rounds, base_slot=1, previous_update=previous.hex()),
-        "published since": _inflight(rounds, base_slot=4, previous_update=b"older".ljust(32, b"\0").hex()),
-    }[case]
+    await _own_update(rounds, base_slot=6, published_at=980.0)  # the round before the journaled one
+    if case == "published since":
+        await _own_update(rounds, base_slot=6, published_at=1000.0)
+    inflight = _inflight(rounds, **{"too few steps": {"steps": 6}, "base ahead": {"base_slot": 7},
+                                    "left the window": {"base_slot": 1}, "published since": {}}[case])
     rounds.journal.write(inflight)
     with caplog.at_level(logging.WARNING, logger="node.outer.rounds"):
         assert not await rounds.recover(inflight)
     expected = {"too few steps": "fewer than a round's minimum of 7", "base ahead": "ahead of this replica's slot 6",
-                "left the window": "has left the window (bottom 2)", "published since": "1 later update(s)"}[case]
+                "left the window": "has left the window (bottom 2)",
+                "published since": "1 update(s) this node published after that round started"}[case]
     assert expected in caplog.text, caplog.text
     assert not rounds.journal.path.exists() and rounds.stats.recovered_rounds == 0
     assert rounds.stats.updates_published == 0
