@@ -37,14 +37,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from node.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 
-__all__ = ["InflightJournal", "InflightRound", "JournalCadence"]
+__all__ = ["InflightJournal", "InflightRound", "JournalCadence", "unpublishable"]
 
 log = logging.getLogger("node.outer.inflight")
 
@@ -161,6 +161,28 @@ class InflightJournal:
             self.clear()
             return None
         return inflight
+
+
+def unpublishable(inflight: InflightRound, *, slot: int, window: int, own_seqnos: Iterable[int],
+                  min_steps: int) -> str | None:
+    """Why a journaled round must not be published by a node whose replica has closed `slot` slots (window
+    `window`) and holds updates of its own with these seqnos; None when it may. In this order: the run holds
+    an update this node published after the round started (a seqno is at least its publication time in
+    microseconds: the journal comes from a restored copy of the directory, the round was published or
+    superseded by the process that went on); fewer steps than a round's minimum; a base ahead of the
+    replica (no state sync happened); a base below the window."""
+    since = int(inflight.started_at * 1e6)
+    later = sum(seqno >= since for seqno in own_seqnos)
+    if later:
+        return (f"the run holds {later} update(s) this node published after that round started: it was published "
+                f"or superseded (a restored copy of the directory?)")
+    if inflight.steps < min_steps:
+        return f"{inflight.steps} steps, fewer than a round's minimum of {min_steps}"
+    if inflight.base_slot > slot:
+        return f"its base slot {inflight.base_slot} is ahead of this replica's slot {slot}"
+    if inflight.base_slot < (bottom := max(0, slot - window)):
+        return f"its base slot {inflight.base_slot} has left the window (bottom {bottom})"
+    return None
 
 
 def _from_checkpoint(ckpt: Checkpoint) -> InflightRound:

@@ -40,7 +40,7 @@ import trio
 
 from node.chaos import Misbehave, Poison, Slowdown
 from node.checkpoint import Checkpoint, CheckpointDir
-from node.outer.inflight import InflightJournal, InflightRound
+from node.outer.inflight import InflightJournal, InflightRound, unpublishable
 from node.outer.outer_files import map_blob
 from node.outer.resume import encode_ledger_part
 from node.outer.rebase import BaseShift
@@ -268,25 +268,12 @@ class Rounds:
     async def recover(self, inflight: InflightRound) -> bool:
         """Publish the round a previous process of this node had in flight when it ended (`node.outer.inflight`),
         as a late update from the base it followed: call once, after the state sync and before the first
-        round. Its batches are not drawn again. Dropped (logged) when it has fewer steps than a round's
-        minimum, its base is ahead of this replica (no state sync happened) or has left the window. True if
-        it was published."""
-        min_steps = math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps)
-        slot, bottom = self.replica.slot, max(0, self.replica.slot - self.settings.window)
-        since = int(inflight.started_at * 1e6)  # a seqno is its publication time in microseconds, at least
-        later = [m for m in await self.replica.updates_of(self.stats.peer_id)
-                 if (proof := self.replica.proofs.get(m.update_id)) is not None and proof.seqno >= since]
-        if later:
-            why = (f"the run holds {len(later)} update(s) this node published after that round started: it was "
-                   f"published or superseded (a restored copy of the directory?)")
-        elif inflight.steps < min_steps:
-            why = f"{inflight.steps} steps, fewer than a round's minimum of {min_steps}"
-        elif inflight.base_slot > slot:
-            why = f"its base slot {inflight.base_slot} is ahead of this replica's slot {slot}"
-        elif inflight.base_slot < bottom:
-            why = f"its base slot {inflight.base_slot} has left the window (bottom {bottom})"
-        else:
-            why = None
+        round. Its batches are not drawn again. Dropped (logged) for the reasons of `inflight.unpublishable`.
+        True if it was published."""
+        own = await self.replica.updates_of(self.stats.peer_id)
+        seqnos = [proof.seqno for m in own if (proof := self.replica.proofs.get(m.update_id)) is not None]
+        why = unpublishable(inflight, slot=self.replica.slot, window=self.settings.window, own_seqnos=seqnos,
+                            min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
         self.journal.clear()
         if why is not None:
             log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
