@@ -123,6 +123,7 @@ class NodeRuntime:
         self._synced_payloads: list[tuple[int, str]] = []  # payload blobs a join fetched before `rounds` existed
         self._resume_from: Checkpoint | None = None  # the checkpoint `_prepare` restores, read first in `run`
         self._resume_blobs: frozenset[str] = frozenset()  # the payload blobs it refers to
+        self._resume_seen: frozenset[bytes] = frozenset()  # the update ids its ledger had seen
 
     def _checkpoint_dir(self) -> CheckpointDir | None:
         """The checkpoint directory, created and checked writable now (a one-line error, not a crash later)."""
@@ -178,7 +179,8 @@ class NodeRuntime:
         with scratch_dir() as scratch:
             data_dir = self.settings.checkpoint_dir or Path(scratch)
             # the checkpoint first: the window's payload blobs it refers to stay, the rest goes
-            self._resume_from, self._resume_blobs = await trio.to_thread.run_sync(newest_checkpoint, self.checkpoints)
+            self._resume_from, self._resume_blobs, self._resume_seen = await trio.to_thread.run_sync(
+                newest_checkpoint, self.checkpoints)
             removed, freed = await trio.to_thread.run_sync(remove_old_blobs, data_dir / "blobs", self._resume_blobs)
             if removed:
                 log.info("removed %d blobs (%.1f MB) left by a previous run of this node", removed, freed / 1e6)
@@ -341,8 +343,12 @@ class NodeRuntime:
         self._background.start_soon(self._intake)
 
     def _in_ledger(self, update_id: bytes) -> bool:
-        """The host's check before it fetches an update's payload (trio thread): the replica has it already."""
-        return self.replica is not None and self.replica.has_seen(update_id)
+        """The host's check before it fetches an update's payload (trio thread): the replica has it already —
+        or, while the replica is being restored, the checkpoint it is restored from had (the peers announce
+        their history as soon as they connect)."""
+        if self.replica is None:
+            return update_id in self._resume_seen
+        return self.replica.has_seen(update_id)
 
     async def _recover_inflight(self) -> None:
         """Publish the round a previous process of this node had in flight, if it journaled one

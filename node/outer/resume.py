@@ -140,17 +140,22 @@ def referenced_blobs(ckpt: Checkpoint) -> frozenset[str]:
     return frozenset(e.blob for e in meta.entries)
 
 
-def newest_checkpoint(checkpoints: CheckpointDir | None) -> tuple[Checkpoint | None, frozenset[str]]:
-    """The newest valid checkpoint of a node (None without one, or when its ledger part does not decode: logged)
-    and the payload blobs it refers to, which its restart must keep. Blocking."""
+def newest_checkpoint(checkpoints: CheckpointDir | None
+                      ) -> tuple[Checkpoint | None, frozenset[str], frozenset[bytes]]:
+    """The newest valid checkpoint of a node (None without one, or when its ledger part does not decode: logged),
+    the payload blobs it refers to, which its restart must keep, and the update ids its ledger had seen (what
+    the node need not fetch again when its peers announce them, before the ledger is restored). Blocking."""
     ckpt = checkpoints.latest() if checkpoints is not None else None
     if ckpt is None:
-        return None, frozenset()
+        return None, frozenset(), frozenset()
     try:
-        return ckpt, referenced_blobs(ckpt)
+        if ckpt.version < 3:
+            return ckpt, frozenset(), frozenset()
+        meta, _ = _decode_part(ckpt)
     except CheckpointError as exc:
         log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
-        return None, frozenset()
+        return None, frozenset(), frozenset()
+    return ckpt, frozenset(e.blob for e in meta.entries), frozenset(meta.seen)
 
 
 def _sha256_of_file(path: Path) -> str:

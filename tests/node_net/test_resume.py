@@ -12,7 +12,7 @@ import pytest
 
 from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
 from node.outer.outer_files import MappedBottom, map_blob, payload_blob, remove_old_blobs
-from node.outer.resume import encode_ledger_part, referenced_blobs, restore_ledger
+from node.outer.resume import encode_ledger_part, newest_checkpoint, referenced_blobs, restore_ledger
 from p2p.blobstore import BlobStore
 from protocol.compression import Codec, encode_tensors
 from protocol.ledger import Ledger, LedgerConfig, Outcome, Payload, PayloadDeltas, UpdateMeta
@@ -56,6 +56,8 @@ def test_a_restore_resumes_bit_for_bit_with_the_payloads_left_in_the_blob_store(
     before = busy_ledger(tmp_path, store)
     ckpt, blobs = checkpoint(tmp_path, before, store)
     assert ckpt.version == 3 and referenced_blobs(ckpt) == blobs
+    newest, kept, seen = newest_checkpoint(CheckpointDir(tmp_path / "ckpt"))
+    assert newest.round == 4 and kept == blobs and seen == before.seen_ids() and len(seen) >= 5
     assert len(blobs) == len(before.entries())  # every window entry's payload, the in-memory one put there
     payload_bytes = sum(store.size(b) for b in blobs)
     assert len(ckpt.ledger) < payload_bytes // 4  # the checkpoint refers to the payloads, it does not hold them
