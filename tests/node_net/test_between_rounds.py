@@ -17,7 +17,8 @@ import trio.testing
 from node.checkpoint import CheckpointDir
 from node.outer.inflight import InflightRound
 from node.outer.replica import Replica
-from node.outer.rounds import PeerRoundClock, Rounds
+from node.outer.peerclock import PeerRoundClock
+from node.outer.rounds import Rounds
 from node.settings import NodeSettings
 from node.status import NodeStats
 from p2p.blobstore import BlobStore

@@ -11,7 +11,8 @@ import trio
 
 import p2p
 from node.chaos import ChaosRoute, Slowdown
-from node.outer.rounds import PeerRoundClock, ShouldStop
+from node.outer.peerclock import PeerRoundClock
+from node.outer.rounds import ShouldStop
 from node_net_helpers import fast_host_config
 from waiting import wait_for
 
