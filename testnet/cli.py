@@ -204,7 +204,7 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
         if (problem := recorder.problem()) is not None:
             print(f"diloco-testnet: warning: the run's records in {run_dir} could not all be written ({problem}); "
                   "the report covers what was", file=sys.stderr, flush=True)
-        meta.t_launch, meta.t_end = sup.t0, sup.t_end
+        meta.t_launch, meta.t_end, meta.t_plan = sup.t0, sup.t_end, sup.t_plan
         (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
 
 
@@ -250,9 +250,10 @@ def _pace_schedule(o: Options, rates: dict[int, float], startups: list[float]) -
         return o
     paced = dataclasses.replace(o, paced_total_steps=horizon_steps(pace, o.minutes * 60))
     if o.rounds is None and paced.schedule_horizon() is not None:
+        length = f"{o.minutes * 60:g} s - {pace.startup_s:.1f} s start-up" if pace.startup_s else \
+            f"{o.minutes * 60:g} s from when every node trains"
         _say(f"learning-rate schedule: cosine over {paced.paced_total_steps} inner steps, the run's length at "
-             f"the solo run's pace ({pace.steps_per_second:.2f} steps/s x ({o.minutes * 60:g} s - "
-             f"{pace.startup_s:.1f} s start-up))")
+             f"the solo run's pace ({pace.steps_per_second:.2f} steps/s x ({length}))")
     return paced
 
 
@@ -307,7 +308,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         if o.solo_seconds > 0:
             stage.name = "solo"
             solo_rates, startups = await _solo(o, run_dir, builder, registry)
-            o = _pace_schedule(o, solo_rates, startups)
+            # a plan with faults counts the run from the moment every node trains: no start-up inside it
+            o = _pace_schedule(o, solo_rates, [] if plan.has_faults else startups)
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
                               hosts=[network.host(i) for i in range(o.nodes)] if network else None,
                               exec_prefixes=[network.exec_prefix(i) for i in range(o.nodes)] if network else None,
@@ -319,8 +321,10 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         if solo_rates is not None:
             (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": list(solo_rates.values())}))
         stage.name = "nodes"
+        # faults count from the moment every node trains, so that each lands inside the window the report
+        # measures (a kill during the start-up would move that window and leave the kill out of it)
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
-                         registry=registry, network=network)
+                         registry=registry, network=network, plan_from_ready=plan.has_faults)
     finally:
         if network is not None:
             for error in network.teardown():
@@ -362,13 +366,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         prog="diloco-testnet", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run N diloco nodes on this machine with chaos from a seeded plan, the synchronous "
                     "data-parallel baseline on the same data, and write a report (table, JSON, loss plot).",
-        epilog="Times in --partition and the plan count from the first node's launch. Ctrl-C stops every\n"
+        epilog="With kills or partitions, the run's --minutes and the times of the plan (--partition, the kills)\n"
+               "count from the moment every node first trains (so that every fault lands in the measured\n"
+               "window); without, from the first node's launch. Ctrl-C stops every\n"
                "process cleanly and writes the report of what ran. Results go to OUT/<timestamp>/ (node logs,\n"
                "status time series, report).\n\n"
                "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUS.items()))
     a = p.add_argument
     a("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    a("--minutes", type=float, default=2.0, help="length of the run from the first launch (default 2)")
+    a("--minutes", type=float, default=2.0, help="length of the run from the first launch, or, with kills or "
+                                                 "partitions, from when every node trains (default 2)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
     a("--outer-momentum", type=float, default=None, metavar="MU",

@@ -3,7 +3,8 @@
 A `FaultPlan` is a pure value: built from the CLI flags and a seed by `make_plan`, printable
 (`describe()`), serializable (`to_dict` / `from_dict`), and free of I/O and clocks, so the supervisor
 (`testnet.supervisor`), the report (`testnet.report`) and a discrete-event simulator all read the same
-object. Times are seconds from the moment the testnet launches its nodes.
+object. Times are seconds from the moment the plan's clock starts: in `diloco-testnet`, when every node first
+trains if the plan has faults (`has_faults`), else when the testnet launches its nodes.
 
 Contents:
 - `kills`: `Kill(at, node, downtime)`: SIGKILL node `node` at `at`, restart it at `at + downtime`
@@ -176,6 +177,12 @@ class FaultPlan:
 
     def is_up(self, node: int, t: float) -> bool:
         return not any(start <= t < end for start, end in self.downtime(node))
+
+    @property
+    def has_faults(self) -> bool:
+        """Whether anything happens at a time of the plan (kills, partitions); slow and misbehaving nodes
+        are what they are from the start."""
+        return bool(self.kills or self.partitions)
 
     def all_up_after(self) -> float:
         """The time after which no fault is active: the last restart or partition end (0 if none)."""

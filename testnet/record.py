@@ -39,6 +39,7 @@ class RunMeta:
     peer_ids: list[str]
     t_launch: float = 0.0
     t_end: float = 0.0
+    t_plan: float | None = None  # Unix time the fault plan's clock started (None: at t_launch, older runs)
     wan: str = "off"
     data: list[str] = dataclasses.field(default_factory=list)
     compression: str | None = None

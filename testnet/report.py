@@ -99,7 +99,7 @@ def _agreement(tl: Timeline, honest: tuple[int, ...]) -> dict[str, Any]:
     params_of: dict[str, set[str]] = {}
     holders: dict[str, set[int]] = {}
     restarted_ready = [inc.ready_at for inc in tl.incs.values() if inc.inc > 0 and inc.ready_at is not None]
-    quiet = max([tl.t_launch + tl.plan.all_up_after()] + restarted_ready)
+    quiet = max([tl.t_plan + tl.plan.all_up_after()] + restarted_ready)
     for (node, _), inc in tl.incs.items():
         if node not in honest:
             continue

@@ -154,6 +154,11 @@ class Supervisor:
     def elapsed(self) -> float:
         return trio.current_time() - self._trio_t0
 
+    @property
+    def t_plan(self) -> float:
+        """Unix time from which the plan's times count (node 0's launch, or when every node trained)."""
+        return self.t0 + (self._plan_t0 - self._trio_t0)
+
     def _event(self, handle: NodeHandle, event: str, **fields: Any) -> None:
         self.recorder.event(time.time(), handle.spec.index, handle.inc, event, **fields)
 

@@ -113,6 +113,11 @@ class Timeline:
     def t_end(self) -> float:
         return self.meta.t_end
 
+    @property
+    def t_plan(self) -> float:
+        """Unix time the fault plan's clock started (the launch for runs recorded before it was kept)."""
+        return self.meta.t_plan if self.meta.t_plan is not None else self.meta.t_launch
+
     def first_ready(self, node: int) -> float | None:
         times = [inc.ready_at for inc in self.of(node) if inc.ready_at is not None]
         return min(times) if times else None
@@ -152,7 +157,7 @@ class Timeline:
         return inc.samples[0][0] if inc.samples else self.t_end
 
     def partitions(self) -> list[tuple[float, float]]:
-        return [(self.t_launch + p.start, self.t_launch + p.end) for p in self.plan.partitions]
+        return [(self.t_plan + p.start, self.t_plan + p.end) for p in self.plan.partitions]
 
     def eval_points(self, node: int) -> list[tuple[float, float]]:
         """Held-out `(wall_time, bits_per_byte)` of a node, all its processes, by time (deduplicated)."""

@@ -4,7 +4,8 @@ quiescence, the restarted node rejoined.
 
 Quiescence is exact: every node runs `--max-rounds 40`, so it drains (waits for its peers) and prints
 STOPPED; all three must stop with the same ledger and parameter digests, the restarted one included.
-The kill at 25 s falls well inside the ~60 s of training. About 80 s on 2 cores; skipped while
+The kill comes 25 s after every node first trained (a plan with faults counts from then, `run.json`'s
+`t_plan`), well inside the ~60 s of training. About 80 s on 2 cores; skipped while
 `node.cli` does not exist."""
 
 from __future__ import annotations
@@ -52,5 +53,9 @@ async def test_three_nodes_one_kill_and_restart(tmp_path: Path) -> None:
     pids = [e["pid"] for e in events(run_dir) if e["event"] == "listening"]
     assert len(pids) == 4 and not [p for p in pids if alive(p)]
     assert registry.live_groups() == []
+    ready = [e["t"] for e in events(run_dir) if e["event"] == "ready" and e["inc"] == 0]
+    kill = next(e["t"] for e in events(run_dir) if e["event"] == "kill")
+    t_plan = json.loads((run_dir / "run.json").read_text())["t_plan"]
+    assert len(ready) == 3 and max(ready) - 1.0 <= t_plan and kill >= t_plan + 25.0 - 0.5, (ready, t_plan, kill)
     exits = [e for e in events(run_dir) if e["event"] == "exit"]
     assert sorted(e["rc"] for e in exits) == [-9, 0, 0, 0] and sum(e["finished"] for e in exits) == 3, exits

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testnet.faults import FaultPlan, Kill
+from testnet.faults import FaultPlan, Kill, Partition
 from testnet.record import RunMeta, RunRecord, load_run
 from testnet.report import compute, dp_bytes_per_step, stretch, to_markdown, write_report
 
@@ -236,3 +236,15 @@ def test_peak_memory_per_node_is_the_largest_any_of_its_processes_reported() -> 
     assert fig["memory"]["peak_rss_bytes"] == {"0": 3 << 29, "1": 2 << 30}
     assert "node 0: 1.50 GiB, node 1: 2.00 GiB" in to_markdown(fig)
     assert "| peak memory per node (RSS) | n/a |" in to_markdown(compute(record()))
+
+
+def test_the_plans_times_count_from_when_its_clock_started() -> None:
+    """A testnet with faults starts the plan's clock once every node trains (`run.json`'s `t_plan`): a
+    partition at 2–4 s of the plan stalls data-parallel from 1006 to 1008, not from 1002 (before the window)."""
+    rec = record()
+    rec.meta.t_plan = 1004.0
+    rec.plan = FaultPlan(nodes=2, duration=16, kills=(Kill(5, 1, 3),), partitions=(Partition(2, 4, (0,), (1,)),))
+    fig = compute(rec)
+    assert fig["baseline_goodput"]["stalled_s"] == 2.0 + 7.0  # the partition, then the kill until 1016
+    rec.meta.t_plan = None  # a run recorded before the plan's start was kept: its plan counted from the launch
+    assert compute(rec)["baseline_goodput"]["stalled_s"] == 7.0
