@@ -28,7 +28,8 @@ the slot proved to keep everyone from bounds (a late update of a new origin:
 
 A late update changes ``c_i`` of the slot's other entries only when it moves ``τ`` across one of their
 norms or displaces an entry of its origin; the fold then takes every changed term in the same pass
-(``protocol.ledger.outer.fold_change``; :func:`norm_with_terms` gives the new norm first). The
+(``protocol.ledger.outer.fold_change``; :func:`norm_with_terms` gives the new norm first, or, for the
+late update's term alone in a kept sum, ``protocol.ledger.slot.LiveSlot`` from one inner product). The
 *canonical* value (:func:`canonical_spans`, :func:`accumulate_sorted`) visits entries in ascending
 ``update_id`` order and is bit-identical on every replica holding the same set (scalar sums use
 ``math.fsum``; norms use numpy's pairwise summation over fixed chunks, never BLAS; terms with

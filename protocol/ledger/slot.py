@@ -79,6 +79,9 @@ class LiveSlot:
         self.kept: dict[str, tuple[np.ndarray, float]] = {}  # name → (float32 sum u, ‖u‖ in float64)
         self.screen = ScreenCache()  # the sums the direction screen read of this slot's sets
         self.keeping = False
+        # name → (a late entry's id, ⟨kept sum, its Δ⟩), taken by the certificate (:meth:`_certify`) and read
+        # once by the same fold's :meth:`change_by`; each tensor's fold runs in one thread, tensors in several
+        self._along: dict[str, tuple[bytes, float]] = {}
 
     def keep(self, buffers: dict[str, tuple[np.ndarray, float]] | None = None) -> None:
         """From now on, keep the sums (written by :meth:`canonical_tensor` and :meth:`change_by`);
@@ -160,6 +163,7 @@ class LiveSlot:
         if bounds is None:
             return
         y = along_kept(self.kept[name][0], entry.deltas, name)
+        self._along[name] = (entry.meta.update_id, y)
         terms, norm = bound_terms(live, name), entry.norms[name]
         changes = {i: joined[i] - c for i, c, _ in terms if joined[i] != c}
         grown = extend(bounds, terms, (entry.meta.update_id, c_new, norm),
@@ -185,8 +189,29 @@ class LiveSlot:
         ]
         if (c := new.coefficients[entry.meta.update_id]) != 0.0:
             terms.append((now, c))
-        norm = norm_with_terms(u, name, terms)
+        norm = norm_old if not terms else self._norm_from_kept(name, entry, u, terms, now, norm_old)
+        if norm is None:
+            norm = norm_with_terms(u, name, terms)
         return TermChange(terms=tuple(terms), s_old=old.scale(norm_old), s_new=new.scale(norm), norm=norm)
+
+    def _norm_from_kept(self, name: str, entry: SlotEntry, u: np.ndarray, terms: list[Term],
+                        now: Mapping[str, np.ndarray], norm_old: float) -> float | None:
+        """``‖u + c·Δ‖`` when ``u`` is the kept sum and the late ``entry``'s is the only term, from one inner
+        product ``y = ⟨u, Δ⟩`` (the certificate's, :meth:`_certify`, when it took it: then no pass at all):
+        ``√(‖u‖² + 2c·y + c²‖Δ‖²)``. ``‖u‖`` is the kept norm (of the float64 sum before its rounding to
+        float32, within ~1e-6 of the kept sum's own: :data:`KEPT_CONDITION`), so the result is within a few
+        1e-6 of the norm a pass over ``u + c·Δ`` measures, as long as ``u`` and ``c·Δ`` do not cancel: None
+        (measure it) when the square falls below half of ``‖u‖² + c²‖Δ‖²``. Only the working state reads
+        it (the fold's scale, the kept norm); the canonical state computes every norm from the payloads."""
+        along = self._along.pop(name, None)
+        if len(terms) != 1 or terms[0][0] is not now or name not in self.kept or self.kept[name][0] is not u:
+            return None
+        y = along[1] if along is not None and along[0] == entry.meta.update_id else along_kept(u, entry.deltas, name)
+        c, size = terms[0][1], entry.norms[name]
+        squared = norm_old * norm_old + 2.0 * c * y + (c * size) ** 2
+        if not squared >= 0.5 * (norm_old * norm_old + (c * size) ** 2):
+            return None
+        return math.sqrt(squared)
 
     def took(self, name: str, u: np.ndarray, change: TermChange) -> None:
         """``u`` now holds the slot's sum with the late entry's term (:meth:`change_by`): keep it."""

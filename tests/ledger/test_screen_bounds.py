@@ -182,3 +182,55 @@ def test_a_ledger_that_certifies_ends_in_the_bits_of_one_that_evaluates(monkeypa
     assert certifying.ledger_digest() == evaluating.ledger_digest()
     for k, x in evaluating.params().items():
         assert np.array_equal(certifying.params()[k], x)
+
+
+def test_a_fold_into_the_kept_sum_takes_the_new_norm_from_one_inner_product(monkeypatch):
+    """A late update whose term is the only change, folded into the kept float32 sum: the sum's new norm comes
+    from the kept norm, ``⟨kept, Δ⟩`` and ``‖Δ‖`` (within 1e-6 of what a pass over ``kept + c·Δ`` measures),
+    with the certificate's inner product when it took one, so that such a fold makes no pass over the model
+    before its own; one screened out changes nothing and measures nothing. Only the working state reads these
+    norms: a ledger that never certifies (and so takes the inner product itself) ends in the same bits."""
+    import importlib
+
+    slot_module = importlib.import_module("protocol.ledger.slot")
+    original, measure = LiveSlot._norm_from_kept, slot_module.norm_with_terms
+    checked, passes = [], []
+
+    def checking(self, name, entry, u, terms, now, norm_old):
+        norm = original(self, name, entry, u, terms, now, norm_old)
+        if norm is not None:
+            checked.append((norm, measure(u, name, terms)))
+        return norm
+
+    def counting(u, name, terms):
+        passes.append(name)
+        return measure(u, name, terms)
+
+    monkeypatch.setattr(LiveSlot, "_norm_from_kept", checking)
+    monkeypatch.setattr(slot_module, "norm_with_terms", counting)
+    certifying, given = _run(True, monkeypatch)
+    assert given.count("w") >= 5 and len(checked) >= 5
+    for norm, reference in checked:
+        assert norm == pytest.approx(reference, rel=1e-6, abs=0.0)
+    assert "w" not in passes  # every late update of the radial tensor: no pass for its norm
+    evaluating, _ = _run(False, monkeypatch)
+    for k, x in evaluating.params().items():
+        assert np.array_equal(certifying.params()[k], x)
+
+
+def test_a_late_update_that_cancels_the_kept_sum_has_its_norm_measured():
+    """``‖u + c·Δ‖`` from ``‖u‖² + 2c⟨u, Δ⟩ + c²‖Δ‖²`` loses digits when the two nearly cancel: below half
+    of ``‖u‖² + c²‖Δ‖²`` the fold measures it instead."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(SIZE).astype(np.float32)
+    slot = LiveSlot(1, {"w": (SIZE,)}, LedgerConfig())
+    slot.keep()
+    kept = x.copy()
+    slot.set_kept("w", kept, tensor_norm(kept))
+    for sign, measured in ((1.0, False), (-1.0, True)):
+        late = entry(f"late{sign}", 1.0, sign * x.astype(np.float64))
+        terms = [(late.deltas, 1.0)]
+        norm = slot._norm_from_kept("w", late, kept, terms, late.deltas, slot.kept["w"][1])
+        assert (norm is None) is measured
+        if not measured:
+            assert norm == pytest.approx(2.0 * tensor_norm(kept), rel=1e-6)
