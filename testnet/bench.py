@@ -40,7 +40,8 @@ import numpy as np
 import trio
 
 from testnet.bench_hostile import bench_hostile
-from testnet.cli import Options, build_plan, run_testnet
+from testnet.options import Options, build_plan
+from testnet.run import run_testnet
 from testnet.faults import PlanError
 from testnet.loss_jumps import banner
 from testnet.quality import bpb_near_tokens, last_eval_tokens

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from node.chaos import Poison
-from testnet.cli import Options
+from testnet.options import Options
 from testnet.outcome import RunFailed
 
 __all__ = ["bench_hostile", "plan"]

@@ -8,7 +8,7 @@ Files (all times are Unix seconds, like the node's `started_at`):
   `start-error`. `inc` counts the node's processes (0 = first launch, 1 = first restart, ...).
 - `status.jsonl`: one object per `/status` poll: `{"t", "node", "inc", "status": {...}}` or
   `{"t", "node", "inc", "error": "..."}`.
-- `baseline.json`, `solo.json`: optional (see `testnet.baseline_run`, `testnet.cli`).
+- `baseline.json`, `solo.json`: optional (see `testnet.baseline_run`, `testnet.run`).
 - `node-<i>.log`, `keys/`, `checkpoints/`: the nodes' own files.
 
 `Recorder` appends one line per call straight to the file (a crash loses at most the line being written; a

@@ -81,7 +81,7 @@ def test_the_demo_defaults_span_the_schedule_and_pass_the_outer_momentum(tmp_pat
 def test_a_measured_pace_sets_the_schedule_of_a_timed_run() -> None:
     import dataclasses
 
-    from testnet.cli import _pace_schedule
+    from testnet.run import _pace_schedule
     from testnet.horizon import Pace, horizon_steps
 
     assert horizon_steps(Pace(10.0, 8.0), 300) == 2920
