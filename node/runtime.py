@@ -341,6 +341,7 @@ class NodeRuntime:
         self.stats.state = "training"
         self._progress("training")
         self._background.start_soon(self._intake)
+        self._background.start_soon(self.replica.keep_bottom)
 
     def _in_ledger(self, update_id: bytes) -> bool:
         """The host's check before it fetches an update's payload (trio thread): the replica has it already —

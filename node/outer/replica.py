@@ -23,6 +23,11 @@ Contract:
   only grow heavier and the comparisons end, even with snapshots that were stale when compared.
 - `changed()` fires after every operation that changed the ledger (for waiters such as the slot-close
   wait and the drain).
+- The window bottom: a close leaves the step of the bottom's arrays (about half its work) to
+  `Ledger.advance_bottom`, which `keep_bottom` (a task of the runtime) runs after the closes, as an
+  operation of its own: the tasks a close wakes (a round taking its new base, an arriving update) get the
+  lock first, and a catch-up of several slots steps the bottom in one sweep. Nothing depends on when it
+  runs: the ledger's readers of the bottom (digests, snapshots) advance it themselves.
 """
 
 from __future__ import annotations
@@ -167,6 +172,7 @@ class Replica:
         led = self._ledger
         self.slot = led.slot
         self.base_slot = led.base_slot
+        self.bottom_behind = led.bottom_behind
         self.open_count = led.updates_in_open_slot()
         self.held = led.held_future()
         self.shapes = led.shapes
@@ -278,6 +284,16 @@ class Replica:
         if closed:
             self._notify()
         return closed
+
+    async def keep_bottom(self) -> None:
+        """Forever: once slots have left the window, step the bottom's arrays (`Ledger.advance_bottom`),
+        after the tasks woken by the same change (see the module docstring)."""
+        while True:
+            while not self.bottom_behind:
+                await self.changed()
+            await trio.lowlevel.checkpoint()
+            stepped = await self._run(self._ledger.advance_bottom)
+            log.debug("window bottom stepped through %d slot(s)", stepped)
 
     async def params(self) -> dict[str, np.ndarray]:
         """The global parameters θ_slot (float32 copies)."""

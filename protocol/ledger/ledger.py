@@ -138,6 +138,7 @@ class Ledger:
         self._base_theta = self._store_copy(base_theta)
         self._base_v = self._store_copy(base_v)
         self._bottom_rows: list[dg.Row] | None = None
+        self._leaving: list[LiveSlot] = []  # slots that left the window, not yet stepped into the bottom arrays
         self._chain = chain
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
@@ -161,6 +162,11 @@ class Ledger:
     def base_slot(self) -> int:
         """Bottom of the window: slots ``≤ base_slot`` are final."""
         return self._base
+
+    @property
+    def bottom_behind(self) -> int:
+        """Final slots not yet stepped into the window bottom's arrays (:meth:`advance_bottom`)."""
+        return len(self._leaving)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -301,15 +307,20 @@ class Ledger:
         """Close the open slot ``n+1``: aggregate its set, take one outer step, open ``n+2`` (moving held
         updates for it in), and finalize the slot that leaves the window. When to call is the node's
         (and :class:`~protocol.ledger.policy.SlotClosePolicy`'s) business; the state never depends on it.
+
+        The finalized slot's step of the window bottom's arrays is left for :meth:`advance_bottom` (about
+        half a close's work): the bottom is *logically* at ``base_slot`` at once (the window, the chain and
+        the totals move now), and every reader of its arrays (digests, snapshots, the canonical state)
+        advances them first, so no result depends on when that happens.
         """
         s = self._n + 1
         newest = self._slots.get(s - 1)  # the newest closed slot until now hands its kept sums over
         self._slots[s].keep(newest.release() if newest is not None else None)
-        self._canonical_step(self._theta, self._v, s)
+        self._canonical_step(self._theta, self._v, [self._slots[s]])
         self._n = s
         count = len(self._slots[s].entries)
         while self._n - self._base > self.config.window:
-            self._finalize_bottom()
+            self._finalize()
         released = self._held.pop(s + 1, [])
         self._slots[s + 1] = LiveSlot(s + 1, self._shapes, self.config, released)
         self._counters[RELEASED] += len(released)
@@ -319,10 +330,11 @@ class Ledger:
     def canonical_state(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
         function of the closed-slot count and the applied sets (bit-identical across replicas)."""
+        self.advance_bottom()
         theta, v = state_copy(self._base_theta), state_copy(self._base_v)
         self._settle_bottom()
         for s in range(self._base + 1, self._n + 1):
-            self._canonical_step(theta, v, s)
+            self._canonical_step(theta, v, [self._slots[s]])
         return theta, v
 
     def resync(self) -> None:
@@ -341,7 +353,8 @@ class Ledger:
 
     def bottom_rows(self) -> list[dg.Row]:
         """The bottom digest's rows (each array's piece hashes: what a state server's piece index holds):
-        hashed by the close that moved the bottom, or on the first call after a restore, then kept."""
+        hashed by the sweep that advanced the bottom, or on the first call after a restore, then kept."""
+        self.advance_bottom()
         if self._bottom_rows is None:
             arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
                       **{"momentum/" + n: a for n, a in self._base_v.items()}}
@@ -353,13 +366,14 @@ class Ledger:
         """Digest of the canonical state ``θ_n, v_n`` (what a node announces for its parameters): of the
         window bottom and the ledger digest, which together determine that state, so equal digests mean
         equal canonical parameters and momentum, bit for bit (:mod:`protocol.ledger.digest`, "state
-        digest"). No replay: at most one hash of the bottom, after a slot left the window."""
+        digest"). No replay: the bottom is hashed by the sweep that advances it (:meth:`advance_bottom`)."""
         return dg.state_digest(self.bottom_digest(), self.ledger_digest())
 
     # -- snapshots ----------------------------------------------------------------------------------
     def snapshot(self) -> LedgerSnapshot:
         """The full persistent state as plain data (arrays are copies, the bottom's in arrays of the bottom
         store / read-only deltas)."""
+        self.advance_bottom()
         live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
         held = [e for s in sorted(self._held) for e in self._held[s]]
         # copies from the bottom store (a node's: memory-mapped files, no resident memory once written out)
@@ -471,24 +485,28 @@ class Ledger:
     ) -> tuple[SlotEntry, Mapping[str, np.ndarray]]:
         return make_entry(meta, slot, deltas, payload, self._shapes, update_weight(meta, slot, self.config))
 
-    def _canonical_step(self, theta: dict, v: dict, s: int, rows: dict[str, dg.Row] | None = None) -> None:
-        """Step ``(theta, v)`` with slot ``s``'s canonical aggregate, tensor by tensor in parallel threads;
-        ``rows`` (the window bottom's step): the arrays are the bottom store's; each stepped tensor is hashed
+    def _canonical_step(self, theta: dict, v: dict, slots: list[LiveSlot], rows: dict[str, dg.Row] | None = None) -> None:
+        """Step ``(theta, v)`` with each of ``slots``' canonical aggregates in turn, tensor by tensor in
+        parallel threads (a tensor goes through every slot before the next: one sweep over the state for
+        several slots; the bits are those of one step after the other, every operation being per tensor).
+        ``rows`` (the window bottom's sweep): the arrays are the bottom store's; each stepped tensor is hashed
         into ``rows`` (its tree-digest rows, ``"theta/<name>"`` and ``"momentum/<name>"``) while it is still
-        in memory, then settled. A radial tensor's scale
-        needs ``‖u‖`` first, so its ``u`` is computed into a float64 temporary of its size; a mean tensor's
-        scale does not (e.g. the embeddings, the largest tensors), so it is summed and stepped span by span
-        (no temporary; the same bits: every operation is elementwise)."""
-        slot, eta, mu = self._slots[s], self.config.eta(s), self.config.momentum
+        in memory, then settled. A radial tensor's scale needs ``‖u‖`` first, so its ``u`` is computed into a
+        float64 temporary of its size; a mean tensor's scale does not (e.g. the embeddings, the largest
+        tensors), so it is summed and stepped span by span (no temporary; the same bits: every operation is
+        elementwise)."""
+        mu = self.config.momentum
 
         def one(name: str) -> None:
-            if uses_radial(name, self.config):
-                u = np.empty(self._shapes[name], dtype=np.float64)
-                _, scale = slot.canonical_tensor(name, u)
-                nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
-            else:
-                mean_step(slot, name, flat(theta[name]), flat(v[name]), eta, mu)
-            self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
+            u = np.empty(self._shapes[name], dtype=np.float64) if uses_radial(name, self.config) else None
+            for slot in slots:
+                eta = self.config.eta(slot.slot)
+                if u is not None:
+                    _, scale = slot.canonical_tensor(name, u)
+                    nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
+                else:
+                    mean_step(slot, name, flat(theta[name]), flat(v[name]), eta, mu)
+                self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
             if rows is not None:
                 rows["theta/" + name] = dg.tree_row("theta/" + name, theta[name])
                 rows["momentum/" + name] = dg.tree_row("momentum/" + name, v[name])
@@ -501,14 +519,26 @@ class Ledger:
         pages go (a node's drops their mapped pages; another thread still reading faults them back in)."""
         self.bottom_store.settle([e.payload.data for e in entries if e.payload is not None])
 
-    def _finalize_bottom(self) -> None:
-        """Slot ``base+1`` leaves the window: step the bottom state with its canonical aggregate (hashing it on
-        the way: the bottom digest is current when the close returns), chain it."""
+    def _finalize(self) -> None:
+        """Slot ``base+1`` leaves the window: its set is final; chain it, count its totals, and queue it for
+        the bottom's arrays (:meth:`advance_bottom`)."""
         s = self._base + 1
-        rows: dict[str, dg.Row] = {}
-        self._canonical_step(self._base_theta, self._base_v, s, rows)
-        self._bottom_rows = [rows[name] for name in sorted(rows)]
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)
+        self._leaving.append(retired)
         self._base = s
+
+    def advance_bottom(self) -> int:
+        """Step the window bottom's arrays with every slot that left the window since the last call, in one
+        sweep over them (each tensor read, stepped slot after slot, hashed and written back once: the
+        bottom digest is current when this returns). Returns how many slots it stepped (0: nothing to do).
+        A node calls it after its closes, off the path of the new parameters; the readers of the bottom call
+        it themselves."""
+        leaving, count = self._leaving, len(self._leaving)
+        if leaving:
+            rows: dict[str, dg.Row] = {}
+            self._canonical_step(self._base_theta, self._base_v, leaving, rows)
+            self._bottom_rows = [rows[name] for name in sorted(rows)]
+            self._leaving = []
+        return count

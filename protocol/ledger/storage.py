@@ -2,8 +2,8 @@
 
 The ledger's state (the bottom and the working ``θ_n, v_n``) is :data:`STATE_DTYPE`, float32: the
 dtype the island trains in; every outer computation runs in float64 and rounds once into it
-(:mod:`protocol.ledger.outer`). The bottom is read and written once each time a slot leaves the window,
-and read when the window is replayed (a restore), for a snapshot and for the bottom digest: a pass over
+(:mod:`protocol.ledger.outer`). The bottom is read and written once per sweep over the slots that left the
+window since the last (``Ledger.advance_bottom``), and read when the window is replayed (a restore), for a snapshot and for the bottom digest: a pass over
 8 bytes per parameter now and then, never per update. A :class:`BottomStore` hands the ledger its arrays and hears when a pass is over
 (:meth:`~BottomStore.settle`), so an implementation can keep them in memory-mapped files and let their
 pages go between passes (``node.outer.outer_files.MappedBottom``): the bottom then costs the process no resident

@@ -26,7 +26,12 @@ Printed and written (``--json``):
   ``outer_anon_bytes_per_param``: the peak growth of the anonymous resident memory (the process's own,
   without the pages of the blob and bottom files it maps, which the kernel reclaims as page cache).
 * ``peak_rss_bytes``: the process's peak resident set (``ru_maxrss``), draw included.
-* ``close_s``: ``Ledger.close_slot`` with ``peers`` updates in the open slot (median of 2).
+* ``close_s``: ``Ledger.close_slot`` with ``peers`` updates in the open slot (median of 2): the outer step
+  of the working state, after which a node posts the new parameters to its round.
+* ``bottom_s``: ``Ledger.advance_bottom`` right after such a close: the window bottom's arrays stepped with
+  the slot that left the window, and hashed (median of 2). A node runs it after the close, as an
+  operation of its own (``node.outer.replica``); ``close_s + bottom_s`` is the whole CPU of a slot's close.
+* ``bottom_two_s``: the same after two closes (a catch-up): both slots stepped in one sweep over the bottom.
 * ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; the check of its
   payload excluded) from an origin that already has one there (it counts only if its id is the smaller).
 * ``fold_new_origin_s``: the same for a late update of an origin that has none in that slot, the common
@@ -204,20 +209,28 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosin
     for slot in range(window + 2):
         source.fill_open_slot(ledger)
         ledger.close_slot()
+        ledger.advance_bottom()
         print(f"  slot {ledger.slot}/{window + 2} closed ({time.perf_counter() - started:.0f} s)", flush=True)
-    closes, folds, new_origin_folds = [], [], []
+    closes, bottoms, folds, new_origin_folds = [], [], [], []
     for _ in range(2):
         source.fill_open_slot(ledger)
         closes.append(timed(ledger.close_slot)[0])
+        bottoms.append(timed(ledger.advance_bottom)[0])
         for peer, times in ((1, folds), (peers, new_origin_folds)):  # peer `peers` published nothing yet
             meta, deltas, payload = source.late(ledger, peer=peer)
             took, outcome = timed(lambda: ledger.add(meta, deltas, payload=payload))
             assert outcome.value == "folded-late", outcome
             times.append(took)
             del deltas
+    for _ in range(2):
+        source.fill_open_slot(ledger)
+        ledger.close_slot()
+    bottom_two_s, stepped = timed(ledger.advance_bottom)
+    assert stepped == 2, stepped
     digest_s, digest = timed(ledger.params_digest)
     outer_peak, outer_peak_anon = sampler.peak, sampler.peak_anon
-    print(f"  outer: {(outer_peak - before) / total:.1f} B/param at peak; close {statistics.median(closes):.3f} s, "
+    print(f"  outer: {(outer_peak - before) / total:.1f} B/param at peak; close {statistics.median(closes):.3f} s "
+          f"+ bottom {statistics.median(bottoms):.3f} s (two slots in one sweep {bottom_two_s:.3f} s), "
           f"fold {statistics.median(folds):.3f} s (new origin {statistics.median(new_origin_folds):.3f} s), "
           f"digest {digest_s:.3f} s", flush=True)
     sampler.reset()
@@ -288,6 +301,8 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosin
         "steady_bytes_per_param": (steady - before) / total,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "close_s": statistics.median(closes),
+        "bottom_s": statistics.median(bottoms),
+        "bottom_two_s": bottom_two_s,
         "fold_s": statistics.median(folds),
         "fold_new_origin_s": statistics.median(new_origin_folds),
         "decode_s": statistics.median(source.decode_s),

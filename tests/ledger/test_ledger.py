@@ -179,6 +179,30 @@ def test_digests_track_the_set_and_the_slot_count():
     assert a.ledger_digest() == b.ledger_digest()
 
 
+def test_the_bottom_moves_when_read_and_several_slots_in_one_sweep():
+    """A close leaves the step of the window bottom's arrays for later; one sweep over several final slots
+    gives the bits of one step per close, and every reader of the bottom advances it first."""
+    every, lazy = Ledger(params(), config(window=1)), Ledger(params(), config(window=1))
+    stepped = []
+    for s in range(1, 6):
+        for led in (every, lazy):
+            led.add(*update(f"a/{s}", s - 1, s - 1))
+            led.add(*update(f"b/{s}", max(0, s - 2), s - 1))
+            if s > 1:
+                led.add(*update(f"late/{s}", s - 2, s - 2))  # folded into the newest closed slot
+            led.close_slot()
+        stepped.append(every.advance_bottom())
+        assert every.bottom_behind == 0
+    assert stepped == [0, 1, 1, 1, 1]
+    assert (lazy.slot, lazy.base_slot, lazy.bottom_behind) == (5, 4, 4)  # logically at slot 4, arrays at 0
+    assert lazy.ledger_digest() == every.ledger_digest()  # the chain moved with the window
+    assert lazy.params_digest() == every.params_digest()  # read: four slots stepped in one sweep
+    assert lazy.bottom_behind == 0 and lazy.advance_bottom() == 0
+    assert lazy.snapshot().to_bytes() == every.snapshot().to_bytes()
+    for a, b in zip(lazy.canonical_state(), every.canonical_state()):
+        assert all(np.array_equal(a[k], b[k]) for k in SHAPES)
+
+
 def test_initial_momentum_and_resync():
     mom = {k: np.full(s, 0.5) for k, s in SHAPES.items()}
     led = Ledger(params(), config(), momentum=mom)
