@@ -269,9 +269,9 @@ class Ledger:
         v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
 
         def fold(name: str) -> None:
-            u = slot.fold_sum(name, entry)
-            change = slot.change_by(entry, name, now, u)
-            fold_change(self._theta[name], self._v[name], u, name, change, v_coef, theta_coef)  # and u += Σ c·x
+            u, change = slot.fold(name, entry, now)
+            if change.terms or change.s_new != change.s_old:  # else the aggregate did not change: no pass
+                fold_change(self._theta[name], self._v[name], u, name, change, v_coef, theta_coef)  # and u += Σ c·x
             self._settle_payloads([*slot.entries, entry])
             slot.took(name, u, change)
 

@@ -47,11 +47,14 @@ class TermChange:
     s_old: float
     s_new: float
     norm: float = 0.0
+    taken: float = 0.0  # Σ |Δc|·‖Δ‖ over the terms that shrank or left: the rounding they leave in a kept sum
 
 
-#: A kept float32 sum is used for a fold only while ``Σ|c_i|·‖Δ_i‖ ≤ KEPT_CONDITION · ‖u‖``: its rounding
-#: (~6e-8 of the terms) then stays within ~1e-6 of the sum. Updates that cancel (rare in training, where
-#: pseudo-gradients agree more than they oppose) make the fold rebuild the sum canonically in float64.
+#: A kept float32 sum is used for a fold only while ``Σ|c_i|·‖Δ_i‖ ≤ KEPT_CONDITION · ‖u‖``, the terms
+#: that left it or shrank in it since it was last computed canonically counted too (their rounding stays
+#: behind): its rounding (~6e-8 of the terms) then stays within ~1e-6 of the sum. Updates that cancel (rare
+#: in training, where pseudo-gradients agree more than they oppose) make the fold rebuild the sum
+#: canonically in float64.
 KEPT_CONDITION = 16.0
 #: ... and while a late update leaves each other coefficient at least 1/KEPT_SHRINK of what it was (the
 #: rounding the sum kept of a term then stays within ~1e-6 of that term's new size).
@@ -59,10 +62,10 @@ KEPT_SHRINK = 16.0
 
 
 def _well_conditioned(entries: list[SlotEntry], name: str, config: LedgerConfig, norm: float,
-                      sums: ScreenCache) -> bool:
+                      sums: ScreenCache, residue: float = 0.0) -> bool:
     coefficients = tensor_terms(entries, name, config, sums).coefficients
     terms = math.fsum(abs(coefficients[e.meta.update_id]) * e.norms[name] for e in entries)
-    return terms <= KEPT_CONDITION * norm
+    return terms + residue <= KEPT_CONDITION * norm
 
 
 class LiveSlot:
@@ -82,6 +85,8 @@ class LiveSlot:
         # name → (a late entry's id, ⟨kept sum, its Δ⟩), taken by the certificate (:meth:`_certify`) and read
         # once by the same fold's :meth:`change_by`; each tensor's fold runs in one thread, tensors in several
         self._along: dict[str, tuple[bytes, float]] = {}
+        # name → Σ |Δc|·‖Δ‖ of the terms that left or shrank in the kept sum since it was computed canonically
+        self._residue: dict[str, float] = {}
 
     def keep(self, buffers: dict[str, tuple[np.ndarray, float]] | None = None) -> None:
         """From now on, keep the sums (written by :meth:`canonical_tensor` and :meth:`change_by`);
@@ -92,6 +97,7 @@ class LiveSlot:
     def release(self) -> dict[str, tuple[np.ndarray, float]]:
         """Stop keeping the sums; returns their buffers for reuse."""
         kept, self.kept, self.keeping = self.kept, {}, False
+        self._residue = {}
         return kept
 
     def kept_buffer(self, name: str) -> np.ndarray | None:
@@ -119,23 +125,45 @@ class LiveSlot:
         this slot keeps its sums); return (``‖u‖``, scale)."""
         norm = accumulate_sorted(self.entries, self.config, {name: out}, self.screen)[name]
         self._store(name, out, norm)
+        self._residue.pop(name, None)
         return norm, self.terms(name).scale(norm)
 
     def terms(self, name: str, extra: SlotEntry | None = None):
         """Tensor ``name``'s terms over this slot's entries (and ``extra``, a late one about to join)."""
         return tensor_terms(self.entries if extra is None else [*self.entries, extra], name, self.config, self.screen)
 
+    def fold(self, name: str, entry: SlotEntry, now: Mapping[str, np.ndarray]) -> tuple[np.ndarray, TermChange]:
+        """For the fold of a late ``entry`` (its tensors to apply: ``now``): the array tensor ``name``'s sum is
+        in (:meth:`fold_sum`) and how the aggregate changes (:meth:`change_by`). A kept sum that would be left
+        too small for the rounding it carries (a term taken away, the rest nearly cancelling: ``Σ|c_i|·‖Δ_i‖``
+        of the new set and what left, over ``KEPT_CONDITION`` times its new norm) is given up for a rebuilt
+        one."""
+        u = self.fold_sum(name, entry)
+        change = self.change_by(entry, name, now, u)
+        if self._is_kept(name, u) and change.taken:
+            terms = tensor_terms([*self.entries, entry], name, self.config, self.screen).coefficients
+            size = math.fsum(abs(c) * e.norms[name] for e in [*self.entries, entry] if (c := terms[e.meta.update_id]))
+            if size + self._residue.get(name, 0.0) + change.taken > KEPT_CONDITION * change.norm:
+                u = np.empty(self.shapes[name], dtype=np.float64)
+                change = self.change_by(entry, name, now, u)
+        return u, change
+
+    def _is_kept(self, name: str, u: np.ndarray) -> bool:
+        return name in self.kept and self.kept[name][0] is u
+
     def fold_sum(self, name: str, entry: SlotEntry) -> np.ndarray:
         """The array the fold of a late ``entry``'s tensor ``name`` works in (:meth:`change_by`): the kept
         float32 sum itself if it is well conditioned and ``entry`` shrinks no other entry's coefficient by
-        more than ``KEPT_SHRINK`` (moving the norm bound, as a mean tensor's clipped coefficients move with
-        the median, it changes them a little; displacing its origin's entry or screening one out takes a
-        term away, whose share of the sum's rounding would then stay behind), else a new float64 array the
-        sum is rebuilt in."""
-        if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.screen):
+        more than ``KEPT_SHRINK`` without taking it away (moving the norm bound, as a mean tensor's clipped
+        coefficients move with the median, changes them a little; displacing its origin's entry or screening
+        one out takes a term away: :meth:`fold` then checks that the sum left is not too small for the
+        rounding that term leaves behind), else a new float64 array the sum is rebuilt in."""
+        if name in self.kept and _well_conditioned(self.entries, name, self.config, self.kept[name][1], self.screen,
+                                                   self._residue.get(name, 0.0)):
             self._certify(name, entry)
             old, new = self.terms(name).coefficients, self.terms(name, entry).coefficients
-            if all(new[i] == c or (c * new[i] > 0.0 and KEPT_SHRINK * abs(new[i]) >= abs(c)) for i, c in old.items()):
+            if all(new[i] == c or new[i] == 0.0 or (c * new[i] > 0.0 and KEPT_SHRINK * abs(new[i]) >= abs(c))
+                   for i, c in old.items()):
                 return self.kept[name][0]
         return np.empty(self.shapes[name], dtype=np.float64)
 
@@ -177,22 +205,22 @@ class LiveSlot:
         when ``entry`` joins (``u``, from :meth:`fold_sum`, is the slot's sum before: the kept sum, or the
         canonical sum rebuilt here into the float64 ``u``). ``u`` is not changed here: the fold adds the
         terms (``protocol.ledger.outer.fold_change``), then :meth:`took` records the new sum."""
-        if name in self.kept and self.kept[name][0] is u:
+        if self._is_kept(name, u):
             norm_old = self.kept[name][1]
         else:
             norm_old = accumulate_sorted(self.entries, self.config, {name: u}, self.screen)[name]
         old, new = self.terms(name), self.terms(name, entry)
-        terms: list[Term] = [
-            (e.deltas, new.coefficients[e.meta.update_id] - old.coefficients[e.meta.update_id])
-            for e in sorted(self.entries, key=lambda e: e.meta.update_id)
-            if new.coefficients[e.meta.update_id] != old.coefficients[e.meta.update_id]
-        ]
+        changed = [e for e in sorted(self.entries, key=lambda e: e.meta.update_id)
+                   if new.coefficients[e.meta.update_id] != old.coefficients[e.meta.update_id]]
+        terms: list[Term] = [(e.deltas, new.coefficients[e.meta.update_id] - old.coefficients[e.meta.update_id])
+                             for e in changed]
+        taken = math.fsum(abs(c) * e.norms[name] for e, (_, c) in zip(changed, terms) if c < 0.0)
         if (c := new.coefficients[entry.meta.update_id]) != 0.0:
             terms.append((now, c))
         norm = norm_old if not terms else self._norm_from_kept(name, entry, u, terms, now, norm_old)
         if norm is None:
             norm = norm_with_terms(u, name, terms)
-        return TermChange(terms=tuple(terms), s_old=old.scale(norm_old), s_new=new.scale(norm), norm=norm)
+        return TermChange(terms=tuple(terms), s_old=old.scale(norm_old), s_new=new.scale(norm), norm=norm, taken=taken)
 
     def _norm_from_kept(self, name: str, entry: SlotEntry, u: np.ndarray, terms: list[Term],
                         now: Mapping[str, np.ndarray], norm_old: float) -> float | None:
@@ -214,8 +242,11 @@ class LiveSlot:
         return math.sqrt(squared)
 
     def took(self, name: str, u: np.ndarray, change: TermChange) -> None:
-        """``u`` now holds the slot's sum with the late entry's term (:meth:`change_by`): keep it."""
+        """``u`` now holds the slot's sum with the late entry's term (:meth:`change_by`): keep it (a kept sum
+        changed in place keeps the rounding of the terms that left or shrank in it; a rebuilt one is new)."""
+        residue = self._residue.get(name, 0.0) + change.taken if self._is_kept(name, u) else 0.0
         self._store(name, u, change.norm)
+        self._residue[name] = residue
 
     def add(self, entry: SlotEntry) -> None:
         self.entries.append(entry)

@@ -1,0 +1,103 @@
+"""Late folds into the newest closed slot's kept float32 sum (`protocol.ledger.slot.LiveSlot.fold`) when the
+late update takes a term away — it displaces its origin's first update of the slot — instead of rebuilding the
+sum from every payload; the guard that rebuilds when what is left is too small for the rounding the kept sum
+carries; and a late update that changes nothing (its origin's larger id) makes no pass at all."""
+
+import hashlib
+import importlib
+
+import numpy as np
+
+from protocol.ledger import Ledger, LedgerConfig, Outcome, UpdateMeta
+
+slot_module = importlib.import_module("protocol.ledger.slot")
+ledger_module = importlib.import_module("protocol.ledger.ledger")
+
+SHAPES = {"emb": (64, 8), "w": (300, 300)}
+
+
+def _meta(origin: str, slot: int, smaller_than: bytes | None = None, larger_than: bytes | None = None) -> UpdateMeta:
+    """An update header of ``origin``, its id below ``smaller_than`` (or above ``larger_than``) if given."""
+    for n in range(10_000):
+        update_id = hashlib.sha256(f"{origin}/{slot}/{n}".encode()).digest()
+        if (smaller_than is None or update_id < smaller_than) and (larger_than is None or update_id > larger_than):
+            return UpdateMeta(update_id, origin, slot, slot, 100, 10)
+    raise AssertionError("no such id")
+
+
+def _relative_gap(ledger: Ledger) -> float:
+    theta, _ = ledger.canonical_state()
+    working = ledger.params(np.float64)
+    return max(float(np.max(np.abs(working[k] - theta[k])) / np.max(np.abs(theta[k]))) for k in SHAPES)
+
+
+def _count_calls(monkeypatch, module, name: str) -> list[int]:
+    calls, original = [], getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def _slot_of_four(config: LedgerConfig, deltas_of) -> tuple[Ledger, dict[str, UpdateMeta]]:
+    """A ledger whose slot 1 closed with one update from each of four origins."""
+    led = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, config)
+    first = {}
+    for peer in range(4):
+        first[f"p{peer}"] = _meta(f"p{peer}", 0)
+        assert led.add(first[f"p{peer}"], deltas_of(peer)) is Outcome.APPLIED_OPEN
+    led.close_slot()
+    return led, first
+
+
+def test_a_late_update_that_displaces_its_origins_first_folds_in_the_kept_sum(monkeypatch):
+    rng = np.random.default_rng(5)
+    direction = {k: 2.0 * rng.standard_normal(s) for k, s in SHAPES.items()}
+
+    def honest(_peer):
+        return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
+
+    led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
+    rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")  # the canonical sum of a rebuild
+    displacing = _meta("p1", 0, smaller_than=first["p1"].update_id)
+    assert led.add(displacing, honest(1)) is Outcome.FOLDED_LATE
+    assert not rebuilt, "the fold rebuilt the slot's sum from its payloads"
+    assert led.applied_ids(1) == sorted([m.update_id for m in first.values()] + [displacing.update_id])
+    assert _relative_gap(led) < 1e-6  # the working state, folded in float32, against the canonical replay
+
+    folds = _count_calls(monkeypatch, ledger_module, "fold_change")
+    rebuilt.clear()  # the canonical replay above summed every slot
+    before = led.params()
+    assert led.add(_meta("p2", 0, larger_than=first["p2"].update_id), honest(2)) is Outcome.FOLDED_LATE
+    assert not folds and not rebuilt  # counts for nothing (its origin's first update has the smaller id)
+    assert all(np.array_equal(led.params()[k], before[k]) for k in SHAPES)
+
+
+def test_a_kept_sum_left_too_small_for_its_rounding_is_rebuilt(monkeypatch):
+    """No screen and no bound: the slot's sum is the plain weighted sum of its updates' directions (the radial
+    tensor ``w``). Three origins send ``x`` and one ``-x``; the displacing update of one ``x`` origin sends
+    ``-x`` but for a 1e-4 part, so the sum left is ~1e-4 of its terms and the kept sum's float32 rounding
+    (of terms ~1e4 times larger) would turn its direction: the fold rebuilds the sum in float64 instead,
+    ending in the bits of a ledger that never folds in a kept sum."""
+    rng = np.random.default_rng(11)
+    base = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    nearly_cancelling = {k: (-x + 1e-4 * rng.standard_normal(x.shape)).astype(np.float32) for k, x in base.items()}
+
+    def update(peer):
+        return {k: (-x if peer == 3 else x).astype(np.float32) for k, x in base.items()}
+
+    config = LedgerConfig(window=3, embeddings=frozenset({"emb"}), norm_clip=0.0, direction_screen=None)
+    results = []
+    for condition in (slot_module.KEPT_CONDITION, 0.0):  # 0: every fold rebuilds
+        monkeypatch.setattr(slot_module, "KEPT_CONDITION", condition)
+        led, first = _slot_of_four(config, update)
+        rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")
+        displacing = _meta("p1", 0, smaller_than=first["p1"].update_id)
+        assert led.add(displacing, nearly_cancelling) is Outcome.FOLDED_LATE
+        assert rebuilt, "the nearly cancelling sum was folded in the kept float32 sum"
+        monkeypatch.undo()
+        results.append(led.params())
+    assert all(np.array_equal(results[0][k], results[1][k]) for k in SHAPES)
