@@ -59,6 +59,18 @@ def rotary(x_BxTxNxH: jax.Array, base: float) -> jax.Array:
     return jnp.concatenate([x1 * cos_1xTx1xF - x2 * sin_1xTx1xF, x1 * sin_1xTx1xF + x2 * cos_1xTx1xF], axis=-1)
 
 
+def causal_attention(q_BxTxNxH: jax.Array, k_BxTxNxH: jax.Array, v_BxTxNxH: jax.Array) -> jax.Array:
+    """Causal softmax attention: cuDNN's fused (flash) kernel on an NVIDIA GPU in bfloat16 or float16, which
+    never materialises the T x T scores; XLA's product elsewhere, or where cuDNN refuses the shapes."""
+    if jax.default_backend() == "gpu" and q_BxTxNxH.dtype in (jnp.bfloat16, jnp.float16):
+        try:
+            return jax.nn.dot_product_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, is_causal=True,
+                                                implementation="cudnn")
+        except (NotImplementedError, RuntimeError, ValueError):  # head size, cuDNN version, compute capability
+            pass
+    return jax.nn.dot_product_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, is_causal=True, implementation="xla")
+
+
 class Attention(nnx.Module):
     """Causal multi-head self-attention with one fused QKV projection and rotary positions."""
 
@@ -78,7 +90,7 @@ class Attention(nnx.Module):
         q_BxTxNxH = rotary(qkv_BxTx3xNxH[:, :, 0], self.cfg.rope_base)
         k_BxTxNxH = rotary(qkv_BxTx3xNxH[:, :, 1], self.cfg.rope_base)
         v_BxTxNxH = qkv_BxTx3xNxH[:, :, 2]
-        y_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, is_causal=True)
+        y_BxTxNxH = causal_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH)
         return self.out(y_BxTxNxH.reshape(b, t, n * h))
 
 

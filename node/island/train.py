@@ -375,9 +375,10 @@ def _bare_steps_per_second(loop: InnerLoop, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def bench(loop: InnerLoop, steps: int, repeats: int = 8) -> None:
-    """Print InnerLoop.run steps/s, bare-step steps/s and their ratio: medians over `repeats` rounds of
-    `steps` steps each, interleaved A-B-B-A so that load from other processes hits both alike."""
+def measure_rates(loop: InnerLoop, steps: int, repeats: int = 8) -> tuple[float, float]:
+    """Steps/s of `InnerLoop.run` and of the bare jitted step: medians over `repeats` rounds of `steps`
+    steps each, interleaved A-B-B-A so that load from other processes hits both alike (after two warm-up
+    steps that compile)."""
     loop.run(2)
     loop_rates, bare_rates = [], []
 
@@ -391,7 +392,12 @@ def bench(loop: InnerLoop, steps: int, repeats: int = 8) -> None:
     for i in range(repeats):
         for measure in (ours, bare) if i % 2 == 0 else (bare, ours):
             measure()
-    ours, bare = float(np.median(loop_rates)), float(np.median(bare_rates))
+    return float(np.median(loop_rates)), float(np.median(bare_rates))
+
+
+def bench(loop: InnerLoop, steps: int, repeats: int = 8) -> None:
+    """Print `measure_rates`: InnerLoop.run steps/s, bare-step steps/s and their ratio."""
+    ours, bare = measure_rates(loop, steps, repeats)
     tokens = loop.tokens_per_batch
     print(f"InnerLoop.run {ours:.1f} steps/s ({ours * tokens:,.0f} tok/s) | bare jitted step {bare:.1f} steps/s "
           f"| ratio {ours / bare:.3f} (median of {repeats} x {steps} steps)", flush=True)

@@ -1,3 +1,4 @@
-"""Benchmark scripts for the sans-IO core (they time things, so they live outside `protocol/`), run as
-`python -m testnet.benchmarks.<name>`: `codecs` (pseudo-gradient compression) and `ledger_fold` (folding
-a late update into the ledger against one outer step). Figures and dates: BENCHMARKS.md."""
+"""Benchmark scripts (they time things, so they live outside `protocol/` and `node/`), run as
+`python -m testnet.benchmarks.<name>`: among them `codecs` (pseudo-gradient compression), `ledger_fold`
+(a late update's fold against one outer step), `scale` (the outer machinery at real model sizes) and
+`inner` (the inner loop's tokens/s and MFU on whatever JAX runs on). Figures and dates: BENCHMARKS.md."""
