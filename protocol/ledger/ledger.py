@@ -45,9 +45,10 @@ depends on when they arrived); they are counted.
 Memory, per parameter (docs/outer-memory.md has the node's budget): every update of the window, open slot
 and future as its encoded payload (int4: ~0.53 B; a memory-mapped blob in a node; without a payload its
 float32 deltas), decoded span by span when a slot's aggregate is computed; float32 working θ, v (8 B); the
-newest closed slot's sum, float32 (4 B, :mod:`protocol.ledger.slot`); the float32 window bottom (8 B) in
-a :class:`~protocol.ledger.storage.BottomStore` (a node's: memory-mapped files, resident only during a
-pass); a float64 temporary per radial tensor in flight; float64 arithmetic rounded once into the state.
+newest closed slot's sum, float32 (4 B, :mod:`protocol.ledger.slot`); the float32 window bottom (8 B,
+:mod:`protocol.ledger.bottom`) in a :class:`~protocol.ledger.storage.BottomStore` (a node's: memory-mapped
+files, resident only during a pass); a float64 temporary per radial tensor in flight; float64 arithmetic
+rounded once into the state.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import numpy as np
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry, uses_radial
+from protocol.ledger.bottom import WindowBottom
 from protocol.ledger.bound import check_claim
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
@@ -71,7 +73,7 @@ from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nes
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
-from protocol.ledger.storage import STATE_DTYPE, BottomStore, InMemory, adopted_state, state_copy
+from protocol.ledger.storage import STATE_DTYPE, BottomStore, adopted_state
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
 
@@ -107,7 +109,6 @@ class Ledger:
         if not params:
             raise LocalProtocolError("params must name at least one tensor")
         self.config = config
-        self.bottom_store = bottom or InMemory()
         self._shapes: dict[str, tuple[int, ...]] = {n: tuple(np.shape(params[n])) for n in sorted(params)}
         if momentum is None:
             momentum = {n: np.zeros((), dtype=STATE_DTYPE) for n in self._shapes}  # broadcast: no model-sized zeros
@@ -115,14 +116,14 @@ class Ledger:
             np.shape(momentum[n]) != s for n, s in self._shapes.items()
         ):
             raise LocalProtocolError("momentum must have the same names and shapes as params")
-        self._restore(0, 0, params, momentum, dg.GENESIS, Totals(), [], set(), Counter(), None)
+        self._restore(0, 0, WindowBottom(self._shapes, params, momentum, bottom), dg.GENESIS, Totals(), [], set(),
+                      Counter(), None)
 
     def _restore(
         self,
         n: int,
         base: int,
-        base_theta: Mapping[str, np.ndarray],
-        base_v: Mapping[str, np.ndarray],
+        bottom: WindowBottom,
         chain: bytes,
         final: Totals,
         entries: list[SlotEntry],
@@ -131,14 +132,10 @@ class Ledger:
         working: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None,
     ) -> None:
         """(Re)build every field from the persistent state; shared by ``__init__`` and snapshots. The
-        bottom's arrays are copied into the bottom store's; the working state is ``working`` (adopted, see
-        :meth:`from_snapshot`) or replayed from the bottom."""
+        working state is ``working`` (adopted, see :meth:`from_snapshot`) or replayed from the bottom."""
         self._n = n
         self._base = base
-        self._base_theta = self._store_copy(base_theta)
-        self._base_v = self._store_copy(base_v)
-        self._bottom_rows: list[dg.Row] | None = None
-        self._leaving: list[LiveSlot] = []  # slots that left the window, not yet stepped into the bottom arrays
+        self._bottom = bottom
         self._chain = chain
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
@@ -166,7 +163,12 @@ class Ledger:
     @property
     def bottom_behind(self) -> int:
         """Final slots not yet stepped into the window bottom's arrays (:meth:`advance_bottom`)."""
-        return len(self._leaving)
+        return self._bottom.behind
+
+    @property
+    def bottom_store(self) -> BottomStore:
+        """Where the window bottom's arrays (and :meth:`working_state`'s copies) live."""
+        return self._bottom.store
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -231,7 +233,7 @@ class Ledger:
         """Copies of the working ``θ_n, v_n`` in arrays of the bottom store (a node's: memory-mapped files,
         no resident memory once written out): with a :meth:`snapshot` taken in the same operation, what
         :meth:`from_snapshot` resumes from without replaying the window (a node's checkpoint)."""
-        return self._store_copy(self._theta), self._store_copy(self._v)
+        return self._bottom.copy_of(self._theta), self._bottom.copy_of(self._v)
 
     # -- the state machine --------------------------------------------------------------------------
     def add(self, meta: UpdateMeta, deltas: Mapping[str, np.ndarray], payload: Payload | None = None) -> Outcome:
@@ -331,8 +333,7 @@ class Ledger:
         """``(θ_n, v_n)`` replayed from the window bottom with the window's canonical aggregates: a pure
         function of the closed-slot count and the applied sets (bit-identical across replicas)."""
         self.advance_bottom()
-        theta, v = state_copy(self._base_theta), state_copy(self._base_v)
-        self._settle_bottom()
+        theta, v = self._bottom.state()
         for s in range(self._base + 1, self._n + 1):
             self._canonical_step(theta, v, [self._slots[s]])
         return theta, v
@@ -355,12 +356,7 @@ class Ledger:
         """The bottom digest's rows (each array's piece hashes: what a state server's piece index holds):
         hashed by the sweep that advanced the bottom, or on the first call after a restore, then kept."""
         self.advance_bottom()
-        if self._bottom_rows is None:
-            arrays = {**{"theta/" + n: a for n, a in self._base_theta.items()},
-                      **{"momentum/" + n: a for n, a in self._base_v.items()}}
-            settle = self.bottom_store.settle
-            self._bottom_rows = dg.tree_rows(arrays, after=lambda a: settle((a,)))
-        return self._bottom_rows
+        return self._bottom.rows()
 
     def params_digest(self) -> bytes:
         """Digest of the canonical state ``θ_n, v_n`` (what a node announces for its parameters): of the
@@ -376,9 +372,7 @@ class Ledger:
         self.advance_bottom()
         live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
         held = [e for s in sorted(self._held) for e in self._held[s]]
-        # copies from the bottom store (a node's: memory-mapped files, no resident memory once written out)
-        base_params, base_momentum = self._store_copy(self._base_theta), self._store_copy(self._base_v)
-        self._settle_bottom()
+        base_params, base_momentum = self._bottom.store_copies()
         return LedgerSnapshot(
             slot=self._n,
             base_slot=self._base,
@@ -432,7 +426,6 @@ class Ledger:
             raise bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
         self = cls.__new__(cls)
         self.config = config
-        self.bottom_store = bottom or InMemory()
         self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
         entries = []
         for e in snap.entries:
@@ -451,8 +444,7 @@ class Ledger:
         self._restore(
             n,
             base,
-            snap.base_params,
-            snap.base_momentum,
+            WindowBottom(self._shapes, snap.base_params, snap.base_momentum, bottom),
             snap.chain,
             Totals(snap.applied_tokens, snap.applied_sum),
             entries,
@@ -463,19 +455,6 @@ class Ledger:
         return self
 
     # -- internals ----------------------------------------------------------------------------------
-    def _store_copy(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``arrays`` (any float dtype; 0-d broadcasts) copied into fresh arrays of the store (float32),
-        tensor by tensor, each copy and its source settled once copied."""
-        out = {}
-        for name, shape in self._shapes.items():
-            out[name] = self.bottom_store.allocate(shape)
-            np.copyto(out[name], arrays[name], casting="same_kind")
-            self.bottom_store.settle((out[name], arrays[name]))
-        return out
-
-    def _settle_bottom(self) -> None:
-        self.bottom_store.settle([*self._base_theta.values(), *self._base_v.values()])
-
     def _count(self, outcome: Outcome) -> Outcome:
         self._counters[outcome.value] += 1
         return outcome
@@ -526,7 +505,7 @@ class Ledger:
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
         self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)
-        self._leaving.append(retired)
+        self._bottom.queue(retired)
         self._base = s
 
     def advance_bottom(self) -> int:
@@ -535,10 +514,4 @@ class Ledger:
         bottom digest is current when this returns). Returns how many slots it stepped (0: nothing to do).
         A node calls it after its closes, off the path of the new parameters; the readers of the bottom call
         it themselves."""
-        leaving, count = self._leaving, len(self._leaving)
-        if leaving:
-            rows: dict[str, dg.Row] = {}
-            self._canonical_step(self._base_theta, self._base_v, leaving, rows)
-            self._bottom_rows = [rows[name] for name in sorted(rows)]
-            self._leaving = []
-        return count
+        return self._bottom.advance(self._canonical_step)

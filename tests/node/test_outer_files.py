@@ -51,7 +51,7 @@ def test_a_mapped_bottom_holds_the_same_bits_and_lets_its_pages_go(tmp_path) -> 
     assert list((tmp_path / "outer").iterdir()) == []  # unlinked as soon as mapped
     bottom = mapped.snapshot().base_params  # a copy; the ledger settled its own arrays after reading
     assert bottom["w"].tobytes() == plain.snapshot().base_params["w"].tobytes()
-    assert resident_bytes(mapped._base_theta["w"]) == 0
+    assert resident_bytes(mapped._bottom._theta["w"]) == 0
     loaded = Ledger.from_snapshot(LedgerSnapshot.from_bytes(mapped.snapshot().to_bytes()), CONFIG, bottom=store)
     assert loaded.params_digest() == plain.params_digest()
 
