@@ -118,8 +118,11 @@ def node_argv(spec: NodeSpec, settings: NodeSettings, *, gossip_port: int, http_
 def node_env(jax_cache: Path | None = None) -> dict[str, str]:
     """The environment for node processes: ours, with the repository on PYTHONPATH, unbuffered output,
     and, given `jax_cache`, JAX's persistent compilation cache there (a restarted node then skips most of
-    its compile time; every process of a run shares it). Variables the user set win."""
+    its compile time; every process of a run shares it). On a GPU, JAX would take 75% of its memory in
+    each process at start; the testnet's processes share the machine's GPUs, so each takes what it needs
+    (`XLA_PYTHON_CLIENT_PREALLOCATE=false`). Variables the user set win."""
     env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if jax_cache is not None:
         jax_cache.mkdir(parents=True, exist_ok=True)
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(jax_cache.resolve()))

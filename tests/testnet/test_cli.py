@@ -185,3 +185,15 @@ def main_report(run_dir: Path) -> dict:
     from testnet.report import write_report
 
     return write_report(run_dir)
+
+
+def test_node_processes_share_a_gpu_unless_the_user_says_otherwise(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    from testnet.nodes import node_env
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    env = node_env(tmp_path / "cache")
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"  # no process takes 75% of a GPU the others need
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str((tmp_path / "cache").resolve())
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    assert node_env()["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
