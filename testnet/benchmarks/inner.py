@@ -120,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures to this file")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. batch_size=8")
     args = ap.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{flag} must be at least 1, got {value}")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        ap.error(f"--peak-tflops must be > 0, got {args.peak_tflops}")
     try:
         figures = run(args.model, args.overrides, args.steps, args.repeats, args.peak_tflops)
     except (ConfigError, DataError) as e:

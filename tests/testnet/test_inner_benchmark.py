@@ -36,3 +36,10 @@ def test_flop_count_of_the_presets() -> None:
 def test_unknown_preset_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert inner.main(["--model", "huge"]) == 2
     assert "unknown model preset 'huge'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--repeats", "0"], ["--peak-tflops", "0"]])
+def test_counts_that_measure_nothing_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        inner.main(argv)
+    assert exit_.value.code == 2 and argv[0] in capsys.readouterr().err
