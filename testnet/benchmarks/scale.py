@@ -33,7 +33,9 @@ Printed and written (``--json``):
   operation of its own (``node.outer.replica``); ``close_s + bottom_s`` is the whole CPU of a slot's close.
 * ``bottom_two_s``: the same after two closes (a catch-up): both slots stepped in one sweep over the bottom.
 * ``fold_s``: ``Ledger.add`` of one late update into the last closed slot (median of 2; the check of its
-  payload excluded) from an origin that already has one there (it counts only if its id is the smaller).
+  payload excluded) from an origin that already has one there, with the smaller id: it displaces that one
+  (an origin's larger id counts for nothing and costs nothing; until 2026-11-27, session 19, the ids were
+  left to chance, and a median of 2 could be half a no-op).
 * ``fold_new_origin_s``: the same for a late update of an origin that has none in that slot, the common
   case in a run (a slow or restarted node's round): the slot's counted set grows, so the direction screen
   takes its sums again, one pass over the slot's payloads, before the fold (median of 2).
@@ -144,21 +146,27 @@ class Peers:
         self.own = ErrorFeedback(codec)
         self.rng = np.random.default_rng(seed)
         self.count = 0
+        self.ids: dict[tuple[int, int], bytes] = {}  # (peer, publish slot) → the id of its last update there
         self.encode_s: list[float] = []
         self.decode_s: list[float] = []
 
-    def update(self, peer: int, base: int, publish: int) -> tuple[UpdateMeta, Mapping[str, np.ndarray], Payload]:
+    def update(self, peer: int, base: int, publish: int,
+               below: bytes | None = None) -> tuple[UpdateMeta, Mapping[str, np.ndarray], Payload]:
         """One update of ``peer`` (header, the deltas a receiver hands the ledger, the payload), as a node
         makes them: its own Δ compressed with error feedback (``ErrorFeedback.compress_payload``: Δ becomes
         the residual), a peer's encoded; either is checked tensor by tensor from its mapped blob
-        (``node.outer.updates.decode_update``; the node's rounds do the same for its own)."""
+        (``node.outer.updates.decode_update``; the node's rounds do the same for its own). ``below``: its id
+        is smaller than this one."""
         scale = np.float32(self.rng.lognormal(0.0, 0.3))
         scaled = {name: x * scale for name, x in self.draw.items()}
         for name, sigma in self.noise.items():
             scaled[name] += self.rng.standard_normal(scaled[name].shape, dtype=np.float32) * (sigma * scale)
         self.count += 1
+        while below is not None and hashlib.sha256(f"peer{peer}/{self.count}".encode()).digest() >= below:
+            self.count += 1
         tag = f"peer{peer}/{self.count}"
         meta = UpdateMeta(hashlib.sha256(tag.encode()).digest(), f"peer{peer}", base, publish, 4096, 32)
+        self.ids[(peer, publish)] = meta.update_id
         if peer == 0:
             took, data = timed(lambda: self.own.compress_payload(scaled))
             self.encode_s.append(took)
@@ -179,8 +187,10 @@ class Peers:
             ledger.add(*self.update(peer, ledger.slot, ledger.slot))
 
     def late(self, ledger: Ledger, peer: int) -> tuple[UpdateMeta, Mapping[str, np.ndarray], Payload]:
-        """An update of ``peer`` for the last closed slot (it published knowing one slot less)."""
-        return self.update(peer, ledger.slot - 1, ledger.slot - 1)
+        """An update of ``peer`` for the last closed slot (it published knowing one slot less). If ``peer``
+        has an update there, this one's id is the smaller: it displaces that one (the one that counts)."""
+        publish = ledger.slot - 1
+        return self.update(peer, publish, publish, below=self.ids.get((peer, publish)))
 
 
 def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosine: float = 1.0) -> dict[str, float | int]:

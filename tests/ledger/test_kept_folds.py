@@ -1,7 +1,9 @@
 """Late folds into the newest closed slot's kept float32 sum (`protocol.ledger.slot.LiveSlot.fold`) when the
-late update takes a term away — it displaces its origin's first update of the slot — instead of rebuilding the
-sum from every payload; the guard that rebuilds when what is left is too small for the rounding the kept sum
-carries; and a late update that changes nothing (its origin's larger id) makes no pass at all."""
+late update takes a term away — it displaces its origin's first update of the slot: the slot's payloads are read
+once (the direction screen's pass over the new set, whose sums give the new norm), not again to rebuild the old
+sum or to measure the new one; without a screen, the guard that rebuilds when what is left is too small for the
+rounding the kept sum carries; and a late update that changes nothing (its origin's larger id) makes no pass
+at all."""
 
 import hashlib
 import importlib
@@ -12,6 +14,7 @@ from protocol.ledger import Ledger, LedgerConfig, Outcome, UpdateMeta
 
 slot_module = importlib.import_module("protocol.ledger.slot")
 ledger_module = importlib.import_module("protocol.ledger.ledger")
+aggregate_module = importlib.import_module("protocol.ledger.aggregate")
 
 SHAPES = {"emb": (64, 8), "w": (300, 300)}
 
@@ -53,7 +56,7 @@ def _slot_of_four(config: LedgerConfig, deltas_of) -> tuple[Ledger, dict[str, Up
     return led, first
 
 
-def test_a_late_update_that_displaces_its_origins_first_folds_in_the_kept_sum(monkeypatch):
+def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads_once(monkeypatch):
     rng = np.random.default_rng(5)
     direction = {k: 2.0 * rng.standard_normal(s) for k, s in SHAPES.items()}
 
@@ -61,15 +64,26 @@ def test_a_late_update_that_displaces_its_origins_first_folds_in_the_kept_sum(mo
         return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
 
     led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
-    rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")  # the canonical sum of a rebuild
+    screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")  # the screen of the new set
+    summed_again = _count_calls(monkeypatch, aggregate_module, "canonical_spans")  # a sum without the screen
+    measured = []  # tensors whose new norm took a pass of its own (over the kept sum and the changed terms)
+    original = slot_module.norm_with_terms
+    monkeypatch.setattr(slot_module, "norm_with_terms", lambda u, name, terms: measured.append(name) or
+                        original(u, name, terms))
     displacing = _meta("p1", 0, smaller_than=first["p1"].update_id)
     assert led.add(displacing, honest(1)) is Outcome.FOLDED_LATE
-    assert not rebuilt, "the fold rebuilt the slot's sum from its payloads"
+    assert len(screen_passes) == len(SHAPES), "one pass over the slot's payloads per tensor"
+    assert not summed_again, "the fold summed the slot's payloads a second time"
+    assert not measured, "the new norm comes from the screen's sums of the new set"
+    slot = led._slots[1]  # and is the canonical norm of the new set, bit for bit
+    canonical = {k: np.empty(s) for k, s in SHAPES.items()}
+    norms = aggregate_module.accumulate_sorted(slot.entries, slot.config, canonical)
+    assert all(slot.kept[k][1] == norms[k] for k in SHAPES)
     assert led.applied_ids(1) == sorted([m.update_id for m in first.values()] + [displacing.update_id])
     assert _relative_gap(led) < 1e-6  # the working state, folded in float32, against the canonical replay
 
     folds = _count_calls(monkeypatch, ledger_module, "fold_change")
-    rebuilt.clear()  # the canonical replay above summed every slot
+    rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")
     before = led.params()
     assert led.add(_meta("p2", 0, larger_than=first["p2"].update_id), honest(2)) is Outcome.FOLDED_LATE
     assert not folds and not rebuilt  # counts for nothing (its origin's first update has the smaller id)
