@@ -218,8 +218,8 @@ class LiveSlot:
         if (c := new.coefficients[entry.meta.update_id]) != 0.0:
             terms.append((now, c))
         norm = norm_old if not terms else self._norm_from_kept(name, entry, u, terms, now, norm_old)
-        if norm is None and taken and self._is_kept(name, u):
-            norm = self._norm_from_screen(name, entry, new.coefficients)
+        if norm is None and self._is_kept(name, u):
+            norm = self._norm_from_screen(name, entry, old.coefficients, new.coefficients)
         if norm is None:
             norm = norm_with_terms(u, name, terms)
         return TermChange(terms=tuple(terms), s_old=old.scale(norm_old), s_new=new.scale(norm), norm=norm, taken=taken)
@@ -243,15 +243,18 @@ class LiveSlot:
             return None
         return math.sqrt(squared)
 
-    def _norm_from_screen(self, name: str, entry: SlotEntry, joined: Mapping[bytes, float]) -> float | None:
-        """``‖U‖`` of the set with the late ``entry`` in (``joined``: its coefficients), canonical, from the
-        direction screen's sums of that set, when the screen took them and left every term in (then its ``U``
-        is the set's: :func:`~protocol.ledger.aggregate.screen_pass`); None otherwise. For a late update that
-        takes a term away (it displaces its origin's first update), whose new set the screen reads in a pass
-        over the slot's payloads anyway (such a set is never certified: :meth:`_certify`): the norm then
-        costs no pass of its own. Only the working state reads it (the fold's scale, the kept norm)."""
-        config = self.config
-        if tensor_terms([*self.entries, entry], name, config, screen=False).coefficients != joined:
+    def _norm_from_screen(self, name: str, entry: SlotEntry, before: Mapping[bytes, float],
+                          joined: Mapping[bytes, float]) -> float | None:
+        """``‖U‖`` of the set with the late ``entry`` in (``joined``: its coefficients; ``before``: the set's
+        without it), canonical, from the direction screen's sums of that set, when the late update takes a
+        live term away (it displaces its origin's first update) and the screen left every term in (then its
+        ``U`` is the set's: :func:`~protocol.ledger.aggregate.screen_pass`); None otherwise. Such a set is
+        never certified (:meth:`_certify`), so the screen read every payload of the slot for it anyway: the
+        norm then costs no pass of its own, in every replica alike. Only the working state reads it (the
+        fold's scale, the kept norm)."""
+        if not any(c != 0.0 and joined[i] == 0.0 for i, c in before.items()):
+            return None  # no term left: the set may have been certified without sums
+        if tensor_terms([*self.entries, entry], name, self.config, screen=False).coefficients != joined:
             return None  # the screen left a term out: its first sums are not the set's
         live = [(e, c) for e in sorted([*self.entries, entry], key=lambda e: e.meta.update_id)
                 if (c := joined[e.meta.update_id]) != 0.0]
