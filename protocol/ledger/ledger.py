@@ -67,12 +67,12 @@ from protocol.ledger.bound import check_claim
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
-from protocol.ledger.fields import bad_state
 from protocol.ledger.fork import LedgerView, Placed, Totals
 from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nesterov_step
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
+from protocol.ledger.snapshot_check import check_snapshot
 from protocol.ledger.storage import STATE_DTYPE, BottomStore, adopted_state
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
@@ -406,49 +406,24 @@ class Ledger:
         their memory are adopted (the ledger writes them from now on), others copied.
 
         Checks that ``snap`` was made under the same config (fingerprint) and, if given, for a model of
-        these ``shapes``, and that its entries are consistent; ``RemoteProtocolError(BAD_STATE)`` if not.
+        these ``shapes``, and that its entries are consistent (:mod:`protocol.ledger.snapshot_check`);
+        ``RemoteProtocolError(BAD_STATE)`` if not.
         """
-        if dict(snap.config) != config.fingerprint():
-            raise bad_state(f"config differs: snapshot {dict(snap.config)} vs local {config.fingerprint()}")
-        if shapes is not None and {n: tuple(s) for n, s in shapes.items()} != dict(snap.shapes):
-            raise bad_state("tensor names or shapes differ from the local model")
-        n, base = snap.slot, snap.base_slot
-        if base != max(0, n - config.window):
-            raise bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
+        check_snapshot(snap, config, shapes, [*(o.value for o in Outcome), RELEASED, ORPHANED])
         if working is not None:
             working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
-        seen = set(snap.seen)
-        ids = [e.meta.update_id for e in snap.entries]
-        if len(set(ids)) != len(ids) or not seen.issuperset(ids):
-            raise bad_state("entry ids must be unique and listed in seen")
-        known = {o.value for o in Outcome} | {RELEASED, ORPHANED}
-        if not known.issuperset(snap.counters):
-            raise bad_state(f"unknown counters {sorted(set(snap.counters) - known)}")
         self = cls.__new__(cls)
         self.config = config
         self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
-        entries = []
-        for e in snap.entries:
-            try:
-                check_meta(e.meta)
-                check_claim(e.meta, config)
-            except RemoteProtocolError as exc:
-                raise bad_state(f"entry: {exc}") from None
-            target, live = e.meta.target_slot, base < e.slot <= n + 1
-            held = e.slot > n + 1 and e.slot == target and e.slot <= n + 1 + config.max_future_slots
-            if not (
-                held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))
-            ):
-                raise bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
-            entries.append(self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0])
+        entries = [self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0] for e in snap.entries]
         self._restore(
-            n,
-            base,
+            snap.slot,
+            snap.base_slot,
             WindowBottom(self._shapes, snap.base_params, snap.base_momentum, bottom),
             snap.chain,
             Totals(snap.applied_tokens, snap.applied_sum),
             entries,
-            seen,
+            set(snap.seen),
             Counter(snap.counters),
             working,
         )
