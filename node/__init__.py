@@ -8,7 +8,8 @@
   and the synchronous data-parallel baseline (`baseline`).
 - `node.outer` — the outer loop around it: the ledger service (`replica.Replica`, the one owner of the
   node's `protocol.ledger.Ledger`: every operation in a worker thread under one lock, views read on the
-  trio thread), the rounds (`rounds.Rounds`: train, compress, publish, add), the hand-over of moving
+  trio thread), the rounds (`rounds.Rounds`: train, compress, publish, add) and what comes between them
+  (`upkeep.BetweenRounds`: evaluation, checkpoints, blob clean-up), the hand-over of moving
   global parameters to a running round (`rebase.BaseShift`, the one place the trio side and the training
   thread meet), update encoding/decoding (`updates`) and the memory-mapped outer files (`outer_files`).
 - `node.sync` — how replicas come to agree: joining a running training (`join`, `statefetch`), serving

@@ -9,7 +9,8 @@ Lifecycle (`NodeRuntime.run`), one owner per step:
     prepare     inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
                 from the seed's initial parameters (a worker thread)
     syncing     with bootstrap peers: the best peer state if fresher than ours (`node.sync.join`)
-    training    rounds (`node.outer.rounds`), while the intake task adds peers' updates as they arrive
+    training    rounds (`node.outer.rounds`) and what comes between them (`node.outer.upkeep`: evaluation,
+                checkpoints, blob clean-up), while the intake task adds peers' updates as they arrive
     draining    after `--max-rounds`: wait for the peers (`node.sync.drain`), close every slot with updates
     stopped     signed goodbye, final checkpoint; `run` returns the `Stopped` line
 
@@ -41,6 +42,7 @@ from node.sync.repair import pull_missing
 from node.hostconfig import host_config
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
+from node.outer.upkeep import BetweenRounds, HeldBlobs
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint, restore_ledger
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
@@ -110,6 +112,8 @@ class NodeRuntime:
         self.host: p2p.Host
         self.replica: Replica | None = None
         self.rounds: Rounds | None = None
+        self.upkeep: BetweenRounds | None = None
+        self.blobs = HeldBlobs()  # payload blobs held (own, peers', downloaded), for the clean-up
         self.result: Stopped | None = None
         self._stop_reason: str | None = None
         self._stop_event = trio.Event()
@@ -120,7 +124,6 @@ class NodeRuntime:
         self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
         self._connected: set[str] = set()  # peers connected at the last check between rounds
-        self._synced_payloads: list[tuple[int, str]] = []  # payload blobs a join fetched before `rounds` existed
         self._resume_from: Checkpoint | None = None  # the checkpoint `_prepare` restores, read first in `run`
         self._resume_blobs: frozenset[str] = frozenset()  # the payload blobs it refers to
         self._resume_seen: frozenset[bytes] = frozenset()  # the update ids its ledger had seen
@@ -263,7 +266,7 @@ class NodeRuntime:
 
         rehomed: list[tuple[int, str]] = []  # (slot, blob) of the checkpoint's payloads, for the blob clean-up
         self.loop, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
-        self._track_payloads(tuple(rehomed))
+        self.blobs.hold_all(rehomed)
         if ckpt is not None:
             self.stats.round = self.stats.resumed_round = ckpt.round
             self.stats.updates_published = int(ckpt.meta.get("updates_published", 0))
@@ -301,19 +304,12 @@ class NodeRuntime:
         if result is None:
             return None
         await replica.replace(result.ledger, result.seen, result.proofs)
-        self._track_payloads(result.payloads)
+        self.blobs.hold_all(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had
         m = result.choice.manifest
         self.stats.sync = {"slot": m.slot, "ledger_digest": m.ledger_digest.hex(),
                            "params_digest": m.params_digest.hex(), "confirmed_by": list(result.choice.confirmed_by)}
         return m.slot
-
-    def _track_payloads(self, payloads: tuple[tuple[int, str], ...]) -> None:
-        """Hand payload blobs a state download fetched to the blob clean-up (`Rounds.collect_garbage`)."""
-        if self.rounds is not None:
-            self.rounds.payloads.extend(payloads)
-        else:
-            self._synced_payloads.extend(payloads)
 
     def _follow_run_schedule(self, synced_slot: int | None) -> None:
         """A node that synced a running training's state — a joiner, or a node restarted from a checkpoint
@@ -332,10 +328,12 @@ class NodeRuntime:
     def _start_training(self) -> None:
         self.rounds = Rounds(
             settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
-            stats=self.stats, policy=self.policy, shapes=self.shapes, heldout=self.heldout,
+            stats=self.stats, policy=self.policy, shapes=self.shapes, blobs=self.blobs,
             checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
-        self.rounds.payloads.extend(self._synced_payloads)
-        self.rounds.pinned = self._resume_blobs  # until a newer checkpoint is written, the one resumed from counts
+        self.upkeep = BetweenRounds(
+            settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
+            stats=self.stats, heldout=self.heldout, checkpoints=self.checkpoints, blobs=self.blobs)
+        self.blobs.pinned = self._resume_blobs  # until a newer checkpoint is written, the one resumed from counts
         self.state_server.replica = self.replica
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
@@ -377,7 +375,7 @@ class NodeRuntime:
             try:
                 repaired = await pull_missing(self.host, self.replica, self.settings.run_id, peer, http)
                 if repaired is not None:
-                    self._track_payloads(repaired.payloads)
+                    self.blobs.hold_all(repaired.payloads)
             finally:
                 self._repairing.discard(peer)
 
@@ -408,17 +406,17 @@ class NodeRuntime:
             self._background.start_soon(self._repair, peer)
         for peer in self.replica.take_rechecks():  # forked at the last comparison: compare again
             self._background.start_soon(self._repair, peer)
-        rounds = self.rounds
+        upkeep = self.upkeep
         if self.settings.eval_every and not self.stats.eval_history:
-            await rounds.evaluate()  # the starting point of the curve (compiled by the warm-up)
-        if not await rounds.run_round():
+            await upkeep.evaluate()  # the starting point of the curve (compiled by the warm-up)
+        if not await self.rounds.run_round():
             return
         self._progress("training")
-        if rounds.evaluation_due():
-            await rounds.evaluate()
-        if rounds.checkpoint_due():
-            await rounds.checkpoint(background=self._nursery)  # written while the next round trains
-        rounds.collect_garbage()
+        if upkeep.evaluation_due():
+            await upkeep.evaluate()
+        if upkeep.checkpoint_due():
+            await upkeep.checkpoint(background=self._nursery)  # written while the next round trains
+        upkeep.collect_garbage()
 
     # ---- peers' updates ---------------------------------------------------------------------------
     async def _intake(self) -> None:
@@ -455,7 +453,7 @@ class NodeRuntime:
         now = self.host.now()
         self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
         self.rounds.peer_clock.observe(header.origin, header.seqno / 1e6, header.inner_steps, self.settings.inner_steps)
-        self.rounds.payloads.append((meta.target_slot, header.payload_sha256.hex()))
+        self.blobs.hold(meta.target_slot, header.payload_sha256.hex())
         stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
         log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",
                 meta.update_id.hex()[:16], header.origin, header.base_slot, meta.target_slot, header.inner_steps,
@@ -514,8 +512,8 @@ class NodeRuntime:
         self._progress("stopped")
         reason = self._stop_reason or "max-rounds reached"
         await self.host.close(reason)
-        if self.rounds is not None:
-            await self.rounds.checkpoint()
+        if self.upkeep is not None:
+            await self.upkeep.checkpoint()
         log.info("stopped at slot %d, ledger %s, params %s", replica.slot, ledger_digest.hex()[:16],
                  params_digest.hex()[:16])
         return Stopped(replica.slot, ledger_digest, params_digest, reason)

@@ -1,1 +1,2 @@
-"""The outer loop: the ledger service, the rounds, the base shift, update codecs and outer files (see `node`)."""
+"""The outer loop: the ledger service, the rounds and what comes between them, the base shift, update codecs
+and outer files (see `node`)."""

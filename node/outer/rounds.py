@@ -1,5 +1,6 @@
 """One node's rounds: train from the global parameters, publish the compressed pseudo-gradient, add it to
-the ledger, close the slot when the policy says so; held-out evaluation and checkpoints between rounds.
+the ledger, close the slot when the policy says so. What happens between rounds (evaluation, checkpoints,
+blob clean-up) is `node.outer.upkeep`'s.
 
 A round, in order (`Rounds.run_round`):
 1. θ_base = the replica's global parameters (slot b), minus this node's previous update while its slot
@@ -19,16 +20,12 @@ A round, in order (`Rounds.run_round`):
    (exactly what receivers decode) is added to the own ledger. Its slot stays open into the next round
    (after the last round, the drain closes it).
 
-Every phase's wall time goes to `NodeStats.time_s` and one `round N timing:` log line. Between rounds
-(called by the runtime): `evaluate` when `evaluation_due` (every `--eval-every` rounds, within the
-`--eval-budget` share of the time), `checkpoint` when `checkpoint_due` (rounds and seconds; the state is
-taken at once, the file written in the background while the next round trains).
+Every phase's wall time goes to `NodeStats.time_s` and one `round N timing:` log line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import time
@@ -38,13 +35,13 @@ import numpy as np
 import trio
 
 from node.chaos import Misbehave, Poison, Slowdown
-from node.checkpoint import Checkpoint, CheckpointDir
+from node.checkpoint import CheckpointDir
 from node.outer.inflight import InflightJournal, InflightRound, unpublishable
 from node.outer.outer_files import map_blob
 from node.outer.peerclock import PeerRoundClock
-from node.outer.resume import encode_ledger_part
 from node.outer.rebase import BaseShift
 from node.outer.replica import Replica
+from node.outer.upkeep import HeldBlobs
 from node.settings import NodeSettings
 from node.status import NodeStats
 from node.island.train import InnerLoop, Progress, RoundResult
@@ -53,7 +50,7 @@ from p2p import Host
 from protocol.compression import Codec, ErrorFeedback
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy, UpdateMeta
-from protocol.ledger.proof import proof_of, proofs_doc
+from protocol.ledger.proof import proof_of
 
 __all__ = ["MIN_ROUND_FRACTION", "Rounds", "ShouldStop"]
 
@@ -116,11 +113,11 @@ class Rounds:
 
     def __init__(self, *, settings: NodeSettings, host: Host, replica: Replica, loop: InnerLoop,
                  feedback: ErrorFeedback, stats: NodeStats, policy: SlotClosePolicy, shapes: Shapes,
-                 heldout: list, checkpoints: CheckpointDir | None, stop_requested: Callable[[], bool],
+                 blobs: HeldBlobs, checkpoints: CheckpointDir | None, stop_requested: Callable[[], bool],
                  wait_change: Callable[[float | None], Awaitable[None]]) -> None:
         self.settings, self.host, self.replica, self.loop = settings, host, replica, loop
         self.feedback, self.stats, self.policy, self.shapes = feedback, stats, policy, dict(shapes)
-        self.heldout, self.checkpoints = heldout, checkpoints
+        self.blobs, self.checkpoints = blobs, checkpoints  # blobs: this node's payloads, for the clean-up
         # the round in flight, kept on disk while it trains (node.outer.inflight): only with a checkpoint dir
         every = settings.inflight_every_s
         self.journal = InflightJournal(checkpoints.directory, every_s=every) if checkpoints and every else None
@@ -134,17 +131,8 @@ class Rounds:
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
-        self.payloads: list[tuple[int, str]] = []  # (target slot, blob) of updates held, for clean-up
-        # payload blobs the newest checkpoint refers to (node.outer.resume): never cleaned up. Replaced whole
-        # (by the checkpoint writer's thread, read on the trio thread): a reader sees an old or a new set.
-        self.pinned: frozenset[str] = frozenset()
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._round_started_at = 0.0  # the host's clock when the round in progress started (its journal)
-        self._eval_s = 0.0  # duration of the last evaluation
-        self._eval_round = stats.round  # round of the last evaluation (or of the start)
-        self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
-        self._write_lock = trio.Lock()
-        self._writing = False  # a background checkpoint write is in flight
 
     @property
     def last_round(self) -> bool:
@@ -267,7 +255,7 @@ class Rounds:
     async def _track(self, meta: UpdateMeta, signed) -> None:
         """After an own update was added: keep the proofs bounded by the window, and its blob for clean-up."""
         await self.replica.prune_proofs_to_window()
-        self.payloads.append((meta.target_slot, signed.body.payload_sha256.hex()))
+        self.blobs.hold(meta.target_slot, signed.body.payload_sha256.hex())
 
     async def _base(self, pending: PendingUpdate | None) -> tuple[int, dict[str, np.ndarray]]:
         """(slot, parameters) a round trains from: the global ones at that slot, minus this node's own
@@ -418,111 +406,3 @@ class Rounds:
                 self.policy.observe_sync(trio.current_time() - now)
                 break
             await self.wait_change(decision.wake_at)
-
-    # ---- between rounds ---------------------------------------------------------------------------
-    def evaluation_due(self) -> bool:
-        """After a round: `--eval-every` rounds after the last evaluation, postponed while the evaluations
-        of this process took more than `--eval-budget` of its time (so that they cost at most that share)."""
-        every = self.settings.eval_every
-        if not every or self.stats.round - self._eval_round < every:
-            return False
-        spent = self.stats.time_s["evaluate"]
-        wall = time.time() - self.stats.started_at
-        return spent + self._eval_s <= self.settings.eval_budget * wall
-
-    async def evaluate(self) -> float:
-        """Held-out loss of the global parameters (the model's metric: bits per byte for the byte-level
-        model); recorded in the stats."""
-        started = time.perf_counter()
-        with self.stats.timed("evaluate"):
-            params = await self.replica.params()
-            bpb = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
-        self._eval_s, self._eval_round = time.perf_counter() - started, self.stats.round
-        if math.isfinite(bpb):
-            self.stats.eval_loss = bpb
-            self.stats.eval_history.append([self.stats.tokens, time.time(), bpb])
-        log.info("held-out %.4f %s at slot %d (round %d)", bpb, self.loop.model.metric, self.replica.slot,
-                 self.stats.round)
-        return bpb
-
-    def checkpoint_due(self) -> bool:
-        """After a round: `--checkpoint-every` rounds and `--checkpoint-interval` seconds after the last
-        checkpoint of this process (the first one right after the first round)."""
-        if self.checkpoints is None or self._last_checkpoint is None:
-            return self.checkpoints is not None
-        last_round, last_at = self._last_checkpoint
-        return (self.stats.round - last_round >= self.settings.checkpoint_every
-                and trio.current_time() - last_at >= self.settings.checkpoint_interval_s)
-
-    async def checkpoint(self, background: trio.Nursery | None = None) -> None:
-        """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised.
-
-        The state (the ledger's snapshot, working state and bottom rows, inner loop state, error-feedback
-        residual, counters) is taken here, between rounds, so the parts agree; encoding (the ledger part of
-        `node.outer.resume`: the window's payloads stay in the blob store, pinned against the clean-up) and
-        writing (fsync included) run in a worker thread.
-        With `background`, that thread runs in a task of that nursery while the next round trains (skipped
-        if the previous write is still running); without, it is awaited. One write at a time, so the last
-        call (the final checkpoint) waits for a background write in flight and lands last.
-        """
-        if self.checkpoints is None or (background is not None and self._writing):
-            return
-        with self.stats.timed("checkpoint"):
-            snapshot, working, rows = await self.replica.checkpoint_state()
-            proofs = dict(self.replica.proofs)
-            meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
-                    "slot": snapshot.slot, "updates_published": self.stats.updates_published,
-                    "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
-                    # what `diloco-export`/`diloco-sample` rebuild the model from
-                    "run_config": self.host.config.run_config,
-                    "proofs": proofs_doc(self.replica.proofs, (e.meta.update_id for e in snapshot.entries))}
-            inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
-        self._last_checkpoint = (self.stats.round, trio.current_time())
-        checkpoints, store = self.checkpoints, self.host.store
-
-        def work() -> None:
-            part = encode_ledger_part(snapshot, working, rows, store, proofs)  # the payloads stay in the blob store
-            pinned = self.pinned | part.blobs  # kept from the clean-up while the file is written
-            self.pinned = pinned
-            path = checkpoints.save(Checkpoint(meta, part.data, inner, feedback, part.outer))  # streamed
-            if path is not None:
-                self.pinned = part.blobs  # what the newest checkpoint needs; the older ones' may go
-                log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
-
-        def report() -> None:  # trio thread: the stats are read by /status
-            if checkpoints.last_error is None:
-                self.stats.disk_errors.pop("checkpoint", None)
-            else:
-                self.stats.disk_errors["checkpoint"] = checkpoints.last_error
-
-        async def write(phase: str) -> None:
-            try:
-                async with self._write_lock:
-                    with self.stats.timed(phase):
-                        await trio.to_thread.run_sync(work)
-                    report()
-            finally:
-                self._writing = False
-
-        if background is None:
-            await write("checkpoint")
-        else:
-            self._writing = True
-            background.start_soon(write, "checkpoint_write_bg")
-
-    def collect_garbage(self) -> None:
-        """Delete payload blobs of updates more than two windows below the current slot."""
-        with self.stats.timed("blob_gc"):
-            self._collect_garbage()
-
-    def _collect_garbage(self) -> None:
-        floor = self.replica.slot - 2 * self.replica.config.window
-        keep = []
-        pinned = self.pinned
-        for slot, blob in self.payloads:
-            if slot <= floor and blob not in pinned:  # the newest checkpoint's window stays (node.outer.resume)
-                self.host.store.remove(blob)
-                self.host.router.forget_blob(blob)
-            else:
-                keep.append((slot, blob))
-        self.payloads = keep

@@ -264,7 +264,7 @@ def measure(params: int, peers: int, window: int, codec: Codec, seed: int, cosin
         checkpoints = CheckpointDir(Path(tmp) / "checkpoints", keep=1)
 
         def write_checkpoint() -> int:
-            """As `node.outer.rounds` does: the ledger part (payloads referred to in the blob store), written."""
+            """As `node.outer.upkeep` does: the ledger part (payloads referred to in the blob store), written."""
             part = encode_ledger_part(ledger.snapshot(), ledger.working_state(), ledger.bottom_rows(), store)
             saved = checkpoints.save(Checkpoint({"round": 1}, part.data, {}, {}, part.outer))
             assert saved is not None, checkpoints.last_error

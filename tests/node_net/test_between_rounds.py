@@ -1,6 +1,8 @@
-"""Tier (a)/(b): what a node does between rounds — evaluations within their time budget, checkpoints by
-rounds and elapsed time, written in the background and always landing in order — with a small numpy
-ledger and a fake inner loop (no JAX, no network)."""
+"""Tier (a)/(b): what a node does between rounds (`node.outer.upkeep`) — evaluations within their time
+budget, checkpoints by rounds and elapsed time, written in the background and always landing in order, the
+blob clean-up — and the parts of a round (`node.outer.rounds`) that need no network: the peers' round clock
+and the recovery of a round in flight. With a small numpy ledger and a fake inner loop (no JAX, no
+network)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from node.outer.inflight import InflightRound
 from node.outer.replica import Replica
 from node.outer.peerclock import PeerRoundClock
 from node.outer.rounds import Rounds
+from node.outer.upkeep import BetweenRounds, HeldBlobs
 from node.settings import NodeSettings
 from node.status import NodeStats
 from p2p.blobstore import BlobStore
@@ -43,87 +46,96 @@ class FakeLoop:
         return 1.5
 
 
-def make_rounds(tmp: Path, **settings) -> Rounds:
+def _parts(tmp: Path, settings: dict) -> dict:
+    """What `Rounds` and `BetweenRounds` share, as the runtime hands it to both."""
     settings.setdefault("window", 4)
     s = NodeSettings(run_id="r", key_path=tmp / "key", checkpoint_dir=tmp / "ckpt", **settings)
-    stats = NodeStats("p")
     ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=s.window))
     checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
     # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
     host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""),
                                  router=types.SimpleNamespace(forget_blob=lambda blob: None))
-    return Rounds(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
-                  stats=stats, policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES, heldout=[],
-                  checkpoints=checkpoints, stop_requested=lambda: False, wait_change=None)
+    return dict(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
+                stats=NodeStats("p"), checkpoints=checkpoints, blobs=HeldBlobs())
+
+
+def make_rounds(tmp: Path, **settings) -> Rounds:
+    return Rounds(**_parts(tmp, settings), policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES,
+                  stop_requested=lambda: False, wait_change=None)
+
+
+def make_upkeep(tmp: Path, **settings) -> BetweenRounds:
+    return BetweenRounds(**_parts(tmp, settings), heldout=[])
 
 
 async def test_the_clean_up_spares_the_payloads_the_newest_checkpoint_refers_to(tmp_path: Path) -> None:
     """Payload blobs more than two windows below the slot go, except those a checkpoint refers to (a restart
     from it needs them: node.outer.resume); once a newer checkpoint no longer refers to them, they go too."""
-    rounds = make_rounds(tmp_path)
+    upkeep = make_upkeep(tmp_path)
     for _ in range(12):  # slot 12, window 4: blobs of slots <= 4 are due for the clean-up
-        await rounds.replica.close_open()
-    store = rounds.host.store
+        await upkeep.replica.close_open()
+    store, blobs = upkeep.host.store, upkeep.blobs
     old, pinned, recent = (store.put(f"payload {i}".encode()) for i in range(3))
-    rounds.payloads = [(2, old), (3, pinned), (10, recent)]
-    rounds.pinned = frozenset({pinned})
-    rounds.collect_garbage()
+    blobs.hold_all([(2, old), (3, pinned)])
+    blobs.hold(10, recent)
+    blobs.pinned = frozenset({pinned})
+    upkeep.collect_garbage()
     assert not store.has(old) and store.has(pinned) and store.has(recent)
-    rounds.pinned = frozenset()  # a newer checkpoint was written
-    rounds.collect_garbage()
-    assert not store.has(pinned) and store.has(recent) and rounds.payloads == [(10, recent)]
+    blobs.pinned = frozenset()  # a newer checkpoint was written
+    upkeep.collect_garbage()
+    assert not store.has(pinned) and store.has(recent) and blobs.held == [(10, recent)]
 
 
 def test_evaluations_are_due_every_n_rounds_within_their_share_of_the_time(tmp_path: Path) -> None:
-    rounds = make_rounds(tmp_path, eval_every=2, eval_budget=0.02)
-    stats = rounds.stats
+    upkeep = make_upkeep(tmp_path, eval_every=2, eval_budget=0.02)
+    stats = upkeep.stats
     stats.started_at = time.time() - 100.0  # 100 s of wall time: a budget of 2 s
     stats.round = 1
-    assert not rounds.evaluation_due(), "every 2 rounds"
+    assert not upkeep.evaluation_due(), "every 2 rounds"
     stats.round = 2
-    assert rounds.evaluation_due()
+    assert upkeep.evaluation_due()
     stats.time_s["evaluate"] = 2.5  # over the budget: postponed ...
     stats.round = 4
-    assert not rounds.evaluation_due()
+    assert not upkeep.evaluation_due()
     stats.started_at -= 100.0  # ... until the share is below 2% again, even between multiples of 2
     stats.round = 5
-    assert rounds.evaluation_due()
-    assert not make_rounds(tmp_path / "never", eval_every=0).evaluation_due()
+    assert upkeep.evaluation_due()
+    assert not make_upkeep(tmp_path / "never", eval_every=0).evaluation_due()
 
 
 async def test_evaluate_records_the_point_and_its_time(tmp_path: Path) -> None:
-    rounds = make_rounds(tmp_path, eval_every=1, eval_budget=1.0)
-    rounds.stats.round = 3
-    assert await rounds.evaluate() == 1.5
-    assert rounds.stats.eval_history[-1][2] == 1.5 and rounds.stats.time_s["evaluate"] > 0
-    assert not rounds.evaluation_due(), "evaluated at this round already"
+    upkeep = make_upkeep(tmp_path, eval_every=1, eval_budget=1.0)
+    upkeep.stats.round = 3
+    assert await upkeep.evaluate() == 1.5
+    assert upkeep.stats.eval_history[-1][2] == 1.5 and upkeep.stats.time_s["evaluate"] > 0
+    assert not upkeep.evaluation_due(), "evaluated at this round already"
 
 
 def test_checkpoints_follow_rounds_and_seconds_and_land_in_order(tmp_path: Path) -> None:
     clock = trio.testing.MockClock()
-    rounds = make_rounds(tmp_path, checkpoint_every=2, checkpoint_interval_s=30.0)
-    stats, directory = rounds.stats, rounds.checkpoints
+    upkeep = make_upkeep(tmp_path, checkpoint_every=2, checkpoint_interval_s=30.0)
+    stats, directory = upkeep.stats, upkeep.checkpoints
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             stats.round = 1
-            assert rounds.checkpoint_due(), "the first one right after the first round"
-            await rounds.checkpoint(background=nursery)
+            assert upkeep.checkpoint_due(), "the first one right after the first round"
+            await upkeep.checkpoint(background=nursery)
             await trio.testing.wait_all_tasks_blocked()  # the write task holds the lock now ...
-            async with rounds._write_lock:  # ... until its file is written
+            async with upkeep._write_lock:  # ... until its file is written
                 pass
             assert [p.name for p in directory.paths()] == ["ckpt-00000001.dlc"]
             stats.round = 3
-            assert not rounds.checkpoint_due(), "2 rounds but not 30 s"
+            assert not upkeep.checkpoint_due(), "2 rounds but not 30 s"
             clock.jump(31.0)
             stats.round = 2
-            assert not rounds.checkpoint_due(), "30 s but not 2 rounds"
+            assert not upkeep.checkpoint_due(), "30 s but not 2 rounds"
             stats.round = 3
-            assert rounds.checkpoint_due()
-            await rounds.checkpoint(background=nursery)  # in flight ...
+            assert upkeep.checkpoint_due()
+            await upkeep.checkpoint(background=nursery)  # in flight ...
             stats.round = 4
-            await rounds.checkpoint()  # ... the final one waits for it and lands last
-            assert not rounds._writing
+            await upkeep.checkpoint()  # ... the final one waits for it and lands last
+            assert not upkeep._writing
         assert [p.name for p in directory.paths()] == ["ckpt-00000004.dlc", "ckpt-00000003.dlc", "ckpt-00000001.dlc"]
         newest = directory.latest()
         assert newest.round == 4 and newest.meta["slot"] == 0 and int(newest.inner["step"]) == 0

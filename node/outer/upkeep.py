@@ -1,0 +1,175 @@
+"""What a node does between rounds (the runtime calls it after each `Rounds.run_round`): held-out evaluation
+within its share of the time, checkpoints, and the clean-up of payload blobs.
+
+- `evaluate` when `evaluation_due`: every `--eval-every` rounds, postponed while the evaluations of this
+  process took more than `--eval-budget` of its wall time.
+- `checkpoint` when `checkpoint_due` (`--checkpoint-every` rounds and `--checkpoint-interval` seconds): the
+  state is taken at once, between rounds, so its parts agree; the file is written in a worker thread, in the
+  background while the next round trains; one write at a time, so the final checkpoint lands last.
+- `collect_garbage`: payload blobs (`HeldBlobs`) more than two windows below the slot are deleted, except
+  those the newest checkpoint refers to (a restart from it reads them: `node.outer.resume`).
+
+Threads: everything here runs on the trio thread, except the checkpoint writer, which replaces
+`HeldBlobs.pinned` whole (a reader sees the old or the new set, never a mix).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Iterable
+
+import trio
+
+from node.checkpoint import Checkpoint, CheckpointDir
+from node.island.train import InnerLoop
+from node.outer.replica import Replica
+from node.outer.resume import encode_ledger_part
+from node.settings import NodeSettings
+from node.status import NodeStats
+from p2p import Host
+from protocol.compression import ErrorFeedback
+from protocol.ledger.proof import proofs_doc
+
+__all__ = ["BetweenRounds", "HeldBlobs"]
+
+log = logging.getLogger("node.outer.upkeep")
+
+
+class HeldBlobs:
+    """The payload blobs this node holds (own updates, peers' updates, those a state download fetched), by
+    target slot, for the clean-up; and those the newest checkpoint refers to (`pinned`), never cleaned up."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[int, str]] = []  # (target slot, blob)
+        self.pinned: frozenset[str] = frozenset()
+
+    def hold(self, slot: int, blob: str) -> None:
+        self.held.append((slot, blob))
+
+    def hold_all(self, blobs: Iterable[tuple[int, str]]) -> None:
+        self.held.extend(blobs)
+
+    def due(self, floor: int) -> list[str]:
+        """Take the blobs of slots `<= floor` out (those the newest checkpoint pins stay); returns them."""
+        keep, gone, pinned = [], [], self.pinned
+        for slot, blob in self.held:
+            (gone if slot <= floor and blob not in pinned else keep).append((slot, blob))
+        self.held = keep
+        return [blob for _, blob in gone]
+
+
+class BetweenRounds:
+    """Evaluation, checkpoints and blob clean-up between rounds (see the module docstring). trio thread."""
+
+    def __init__(self, *, settings: NodeSettings, host: Host, replica: Replica, loop: InnerLoop,
+                 feedback: ErrorFeedback, stats: NodeStats, heldout: list, checkpoints: CheckpointDir | None,
+                 blobs: HeldBlobs) -> None:
+        self.settings, self.host, self.replica, self.loop = settings, host, replica, loop
+        self.feedback, self.stats, self.heldout, self.checkpoints, self.blobs = feedback, stats, heldout, checkpoints, blobs
+        self._eval_s = 0.0  # duration of the last evaluation
+        self._eval_round = stats.round  # round of the last evaluation (or of the start)
+        self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
+        self._write_lock = trio.Lock()
+        self._writing = False  # a background checkpoint write is in flight
+
+    # ---- evaluation -------------------------------------------------------------------------------
+    def evaluation_due(self) -> bool:
+        """After a round: `--eval-every` rounds after the last evaluation, postponed while the evaluations
+        of this process took more than `--eval-budget` of its time (so that they cost at most that share)."""
+        every = self.settings.eval_every
+        if not every or self.stats.round - self._eval_round < every:
+            return False
+        spent = self.stats.time_s["evaluate"]
+        wall = time.time() - self.stats.started_at
+        return spent + self._eval_s <= self.settings.eval_budget * wall
+
+    async def evaluate(self) -> float:
+        """Held-out loss of the global parameters (the model's metric: bits per byte for the byte-level
+        model); recorded in the stats."""
+        started = time.perf_counter()
+        with self.stats.timed("evaluate"):
+            params = await self.replica.params()
+            bpb = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
+        self._eval_s, self._eval_round = time.perf_counter() - started, self.stats.round
+        if math.isfinite(bpb):
+            self.stats.eval_loss = bpb
+            self.stats.eval_history.append([self.stats.tokens, time.time(), bpb])
+        log.info("held-out %.4f %s at slot %d (round %d)", bpb, self.loop.model.metric, self.replica.slot,
+                 self.stats.round)
+        return bpb
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def checkpoint_due(self) -> bool:
+        """After a round: `--checkpoint-every` rounds and `--checkpoint-interval` seconds after the last
+        checkpoint of this process (the first one right after the first round)."""
+        if self.checkpoints is None or self._last_checkpoint is None:
+            return self.checkpoints is not None
+        last_round, last_at = self._last_checkpoint
+        return (self.stats.round - last_round >= self.settings.checkpoint_every
+                and trio.current_time() - last_at >= self.settings.checkpoint_interval_s)
+
+    async def checkpoint(self, background: trio.Nursery | None = None) -> None:
+        """Write a checkpoint (no-op without a checkpoint directory); I/O errors are logged, not raised.
+
+        The state (the ledger's snapshot, working state and bottom rows, inner loop state, error-feedback
+        residual, counters) is taken here, between rounds, so the parts agree; encoding (the ledger part of
+        `node.outer.resume`: the window's payloads stay in the blob store, pinned against the clean-up) and
+        writing (fsync included) run in a worker thread.
+        With `background`, that thread runs in a task of that nursery while the next round trains (skipped
+        if the previous write is still running); without, it is awaited. One write at a time, so the last
+        call (the final checkpoint) waits for a background write in flight and lands last.
+        """
+        if self.checkpoints is None or (background is not None and self._writing):
+            return
+        with self.stats.timed("checkpoint"):
+            snapshot, working, rows = await self.replica.checkpoint_state()
+            proofs = dict(self.replica.proofs)
+            meta = {"round": self.stats.round, "run_id": self.settings.run_id, "peer_id": self.stats.peer_id,
+                    "slot": snapshot.slot, "updates_published": self.stats.updates_published,
+                    "contributed_step_seconds": self.stats.contributed_step_seconds, "written_at": time.time(),
+                    # what `diloco-export`/`diloco-sample` rebuild the model from
+                    "run_config": self.host.config.run_config,
+                    "proofs": proofs_doc(self.replica.proofs, (e.meta.update_id for e in snapshot.entries))}
+            inner, feedback = await trio.to_thread.run_sync(lambda: (self.loop.state_dict(), self.feedback.state_dict()))
+        self._last_checkpoint = (self.stats.round, trio.current_time())
+        checkpoints, store, blobs = self.checkpoints, self.host.store, self.blobs
+
+        def work() -> None:
+            part = encode_ledger_part(snapshot, working, rows, store, proofs)  # the payloads stay in the blob store
+            blobs.pinned = blobs.pinned | part.blobs  # kept from the clean-up while the file is written
+            path = checkpoints.save(Checkpoint(meta, part.data, inner, feedback, part.outer))  # streamed
+            if path is not None:
+                blobs.pinned = part.blobs  # what the newest checkpoint needs; the older ones' may go
+                log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
+
+        def report() -> None:  # trio thread: the stats are read by /status
+            if checkpoints.last_error is None:
+                self.stats.disk_errors.pop("checkpoint", None)
+            else:
+                self.stats.disk_errors["checkpoint"] = checkpoints.last_error
+
+        async def write(phase: str) -> None:
+            try:
+                async with self._write_lock:
+                    with self.stats.timed(phase):
+                        await trio.to_thread.run_sync(work)
+                    report()
+            finally:
+                self._writing = False
+
+        if background is None:
+            await write("checkpoint")
+        else:
+            self._writing = True
+            background.start_soon(write, "checkpoint_write_bg")
+
+    # ---- blob clean-up ----------------------------------------------------------------------------
+    def collect_garbage(self) -> None:
+        """Delete payload blobs of updates more than two windows below the current slot."""
+        with self.stats.timed("blob_gc"):
+            for blob in self.blobs.due(self.replica.slot - 2 * self.replica.config.window):
+                self.host.store.remove(blob)
+                self.host.router.forget_blob(blob)
