@@ -7,7 +7,7 @@ Lifecycle (`NodeRuntime.run`), one owner per step:
     listening   the p2p host is up (gossip + HTTP: /status, /metrics, /state, /blobs, /chaos);
                 `task_status.started(runtime)` — the CLI prints LISTENING here
     prepare     inner loop (JAX compiles), and the ledger: from the latest valid checkpoint, else
-                from the seed's initial parameters (a worker thread)
+                from the seed's initial parameters (`node.start`, a worker thread)
     syncing     with bootstrap peers: the best peer state if fresher than ours (`node.sync.join`)
     training    rounds (`node.outer.rounds`) and what comes between them (`node.outer.upkeep`: evaluation,
                 checkpoints, blob clean-up), while the intake task adds peers' updates as they arrive
@@ -31,7 +31,7 @@ from pathlib import Path
 import trio
 
 import p2p
-from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
+from node.checkpoint import Checkpoint, CheckpointDir
 from node.chaos import ChaosRoute, Tarpit
 from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
@@ -44,17 +44,17 @@ from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.upkeep import BetweenRounds, HeldBlobs
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
-from node.outer.resume import newest_checkpoint, restore_ledger
+from node.outer.resume import newest_checkpoint
+from node.start import start_state
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes
 from node.island.task import Task
-from node.island.train import InnerLoop
 from node.outer.updates import decode_update, update_meta
 from protocol import kernels
 from protocol.compression import ErrorFeedback
-from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
+from protocol.errors import Reason, RemoteProtocolError
 from protocol.identity import Identity
-from protocol.ledger import ClosePolicyConfig, Ledger, LedgerSnapshot, Outcome, SlotClosePolicy
+from protocol.ledger import ClosePolicyConfig, Outcome, SlotClosePolicy
 from protocol.ledger.proof import proof_of, proofs_of_doc
 from protocol.messages import Goodbye, UpdateHeader
 
@@ -237,43 +237,20 @@ class NodeRuntime:
             await trio.sleep_forever()
 
     async def _prepare(self) -> None:
-        """Inner loop and ledger: from the latest valid checkpoint (the inner loop is then built from
-        its parameters, without running the initialisers), else from the seed's initial parameters."""
-        model, seed, tokens = self.task.model, self.settings.seed, self.task.tokens_per_batch
-
-        def build() -> tuple[InnerLoop, Ledger, LedgerSnapshot | None, Checkpoint | None]:
-            ckpt, self._resume_from = self._resume_from, None
-            if ckpt is not None:
-                try:
-                    ledger, snap, blobs = restore_ledger(ckpt, self.ledger_config, self.shapes, self.bottom_store,
-                                                         self.host.store)
-                    ckpt = dataclasses.replace(ckpt, ledger=b"", outer={})  # the payloads are mapped blob files now
-                    rehomed.extend(blobs)
-                    params = {k[len("params/"):]: v for k, v in ckpt.inner.items() if k.startswith("params/")}
-                    loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens, params=params)
-                    loop.load_state_dict(ckpt.inner)
-                    self.feedback.load_state_dict(ckpt.feedback)
-                except (RemoteProtocolError, LocalProtocolError, CheckpointError) as exc:
-                    log.warning("checkpoint of round %d unusable (%s): starting fresh", ckpt.round, exc)
-                    self.feedback.reset()
-                    for blob in self._resume_blobs:  # nothing will refer to them
-                        self.host.store.remove(blob)
-                    self._resume_blobs = frozenset()
-                else:
-                    return loop, ledger, snap, ckpt
-            loop = InnerLoop(model, self.batches, seed=seed, tokens_per_batch=tokens)
-            return loop, Ledger(loop.params, self.ledger_config, bottom=self.bottom_store), None, None
-
-        rehomed: list[tuple[int, str]] = []  # (slot, blob) of the checkpoint's payloads, for the blob clean-up
-        self.loop, ledger, snap, ckpt = await trio.to_thread.run_sync(build)
-        self.blobs.hold_all(rehomed)
+        """Inner loop and ledger: from the latest valid checkpoint, else from the seed (`node.start`)."""
+        ckpt, self._resume_from = self._resume_from, None
+        start = await trio.to_thread.run_sync(functools.partial(
+            start_state, self.task, self.batches, self.settings.seed, ckpt, self.ledger_config, self.shapes,
+            self.bottom_store, self.host.store, self.feedback, self._resume_blobs))
+        self.loop, ckpt, snap = start.loop, start.checkpoint, start.snapshot
+        self._resume_blobs = self._resume_blobs if ckpt is not None else frozenset()  # unusable: removed
+        self.blobs.hold_all(start.blobs)
+        self.replica = Replica(start.ledger, snap.seen if snap is not None else ())
         if ckpt is not None:
             self.stats.round = self.stats.resumed_round = ckpt.round
             self.stats.updates_published = int(ckpt.meta.get("updates_published", 0))
+            self.replica.proofs.update(proofs_of_doc(ckpt.meta.get("proofs")))  # served with the state
             log.info("resumed from checkpoint of round %d (slot %d)", ckpt.round, snap.slot)
-        self.replica = Replica(ledger, snap.seen if snap is not None else ())
-        if ckpt is not None:  # the window's proofs, served with the state (protocol.ledger.proof)
-            self.replica.proofs.update(proofs_of_doc(ckpt.meta.get("proofs")))
         self.status.replica = self.replica
         log.info("model ready: %d tensors; ledger at slot %d", len(self.shapes), self.replica.slot)
 

@@ -14,7 +14,7 @@ working state taken with it (`working/theta/<name>`, `working/momentum/<name>`).
 node's blob store, where gossip put them (`payload_blob`; one held only in memory is put there): a checkpoint
 costs 16 bytes per parameter of outer state instead of a copy of the window's payloads, and a restart
 neither decodes nor copies them. The blob store keeps what the newest checkpoint refers to (`referenced_blobs`:
-`Rounds` pins them, a restart spares them).
+`node.outer.upkeep.HeldBlobs` pins them, a restart spares them).
 
 Restore (`restore_ledger`): every referenced payload blob must be in the store with its size and SHA-256
 (hashed on every core; a missing or damaged one makes the checkpoint unusable: `CheckpointError`), its
