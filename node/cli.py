@@ -27,7 +27,8 @@ __all__ = ["build_parser", "main", "settings_from_args"]
 EPILOG = """\
 stdout: "LISTENING <peer_id> <gossip host:port> <http host:port>" once listening, and at the end
 "STOPPED <slot> <ledger digest> <params digest>". Logs go to stderr. Exit 0 after --max-rounds or
-SIGTERM/SIGINT (goodbye and checkpoint first; at most --stop-timeout), 2 for bad arguments, addresses,
+SIGTERM/SIGINT (the round in flight published as it stands, goodbye and checkpoint first; at most
+--stop-timeout), 2 for bad arguments, addresses,
 key, config or data (one line, "diloco-node: error: ..."), 1 otherwise.
 
 On several hosts: listen on every interface and say how peers reach this node when it cannot tell:

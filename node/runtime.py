@@ -15,7 +15,9 @@ Lifecycle (`NodeRuntime.run`), one owner per step:
     stopped     signed goodbye, final checkpoint; `run` returns the `Stopped` line
 
 A stop request (SIGTERM/SIGINT through the CLI, or `request_stop`) skips to `stopped` at the next step
-boundary: an inner round ends after its current step and publishes nothing; no drain.
+boundary: an inner round ends after its current step and, if it has the steps an update needs (H/8), is
+published as it stands, and the node waits (bounded: `_hand_over`) until its peers have fetched the
+payload; no drain.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ __all__ = ["NodeRuntime", "Stopped"]
 log = logging.getLogger("node.runtime")
 
 RESYNC_TIMEOUT_HEARTBEATS = 30  # a running node that fell behind looks this long for a state, then trains on
+# A stopped node waits at most this many heartbeats, or transfer times of an update (the longer), for its peers
+# to fetch the payload of the round the stop cut short
+HAND_OVER_HEARTBEATS, HAND_OVER_TRANSFERS = 5, 4
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,8 @@ class NodeRuntime:
                 drained = False
                 while not self.stop_requested() and not self.rounds.last_round:
                     await self._one_round()
+                if self.rounds.published_at_stop is not None:
+                    await self._hand_over(self.rounds.published_at_stop)
                 if not self.stop_requested():
                     with self.stats.timed("drain"):
                         drained = await self._drain()
@@ -386,7 +393,7 @@ class NodeRuntime:
         upkeep = self.upkeep
         if self.settings.eval_every and not self.stats.eval_history:
             await upkeep.evaluate()  # the starting point of the curve (compiled by the warm-up)
-        if not await self.rounds.run_round():
+        if not await self.rounds.run_round() or self.stop_requested():  # a stop: the final checkpoint follows
             return
         self._progress("training")
         if upkeep.evaluation_due():
@@ -439,6 +446,18 @@ class NodeRuntime:
             self._background.start_soon(self._repair, header.origin)
 
     # ---- the end ----------------------------------------------------------------------------------
+    async def _hand_over(self, blob: str) -> None:
+        """After a stop that published the round in flight: wait until every connected peer has fetched its
+        payload from us, bounded (`HAND_OVER_HEARTBEATS`, `HAND_OVER_TRANSFERS`; a peer may have it from
+        another), so its steps reach the run after this process is gone."""
+        started = trio.current_time()
+        limit = max(HAND_OVER_HEARTBEATS * self.settings.heartbeat_s, HAND_OVER_TRANSFERS * self.policy.transfer_ema)
+        with trio.move_on_after(limit) as bound:
+            await self.host.blobs.wait_served(blob, lambda: set(self.host.connected_peers()),
+                                              recheck_s=self.settings.heartbeat_s)
+        log.info("the round cut short by the stop %s its peers in %.1f s", "did not reach all of" if
+                 bound.cancelled_caught else "reached", trio.current_time() - started)
+
     async def _drain(self) -> bool:
         """Wait for the peers (see `node.sync.drain`); True when they agreed (or none is left)."""
         s = self.settings

@@ -8,7 +8,9 @@ held whole in memory and the trio loop never blocks on the disk; `p2p.http` read
 while hypercorn sends this one. Each piece is a fresh `bytes` (hypercorn passes `bytes` bodies to the
 socket without copying; a reused `bytearray` would be copied once more). A client may name itself
 with the `x-diloco-peer` header; that name is used for the byte counters only (it is not
-authenticated, and need not be: the content is verified by hash).
+authenticated, and need not be: the content is verified by hash). The service remembers which named
+peers received each of the last `RECENT_SERVES` blobs whole (`served_to`, `wait_served`): a node that
+publishes the round it was stopped in waits, bounded, until its peers hold the payload before it leaves.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import logging
 import os
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
 import trio
@@ -31,6 +34,7 @@ log = logging.getLogger("p2p.blobs")
 BLOB_PREFIX = "/blobs/"
 PEER_HEADER = "x-diloco-peer"
 DEFAULT_CHUNK = 4 << 20
+RECENT_SERVES = 64  # blobs whose complete serves are remembered, per named peer
 _PEER_NAME = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,64}")  # base58: safe as a metrics label
 
 
@@ -51,6 +55,27 @@ class BlobService:
         self.counters = counters
         self.chunk_bytes = chunk_bytes
         self.known = known  # which `x-diloco-peer` names count under their own name (`client_name`)
+        self._served: OrderedDict[str, set[str]] = OrderedDict()  # blob -> peers that received it whole
+        self._served_one = trio.Event()  # set (and replaced) at every complete serve
+
+    def served_to(self, name: str) -> frozenset[str]:
+        """The named peers that received blob `name` whole from us (of the last `RECENT_SERVES` blobs served)."""
+        return frozenset(self._served.get(name, ()))
+
+    async def wait_served(self, name: str, peers: Callable[[], set[str]], recheck_s: float = 1.0) -> None:
+        """Return once every peer in `peers()` (asked again at each serve, and every `recheck_s`: peers come
+        and go) has received blob `name` whole from us. Unbounded: the caller cancels it."""
+        while not peers() <= self.served_to(name):
+            with trio.move_on_after(recheck_s):
+                await self._served_one.wait()
+
+    def _record_serve(self, name: str, peer: str) -> None:
+        self._served.setdefault(name, set()).add(peer)
+        self._served.move_to_end(name)
+        while len(self._served) > RECENT_SERVES:
+            self._served.popitem(last=False)
+        self._served_one.set()
+        self._served_one = trio.Event()
 
     def mount(self, app: HttpApp) -> None:
         app.route("GET", BLOB_PREFIX, self.handle)
@@ -91,5 +116,6 @@ class BlobService:
             file.close()
             if sent == size:
                 self.counters.blobs_served += 1
+                self._record_serve(name, peer)
                 self.counters.traffic(peer, Kind.BLOB).sent_frames += 1
             log.debug("served blob %s to %s: %d of %d bytes", name[:12], peer[:16], sent, size)

@@ -86,7 +86,9 @@ class Host:
         self.counters = Counters()
         self.store = BlobStore(Path(config.data_dir) / "blobs")
         self.http = HttpApp()
-        BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes, known=lambda peer: peer in self.router.peers).mount(self.http)
+        self.blobs = BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes,
+                                 known=lambda peer: peer in self.router.peers)
+        self.blobs.mount(self.http)
         self.gossip_addr = ""
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known

@@ -13,7 +13,9 @@ Contract:
   `bootstrap=False`: isolated nodes, for the solo run); plan times count from node 0's launch (`t0`), or,
   with `plan_from_ready=True` (the solo run, which measures the pace of training), from the moment every
   node first reported `training` (waited for at most `start_timeout` seconds: a node that never trains
-  does not hold the others up). It returns after `plan.duration` seconds, a final `/status` poll and `stop()`.
+  does not hold the others up). It returns after `plan.duration` seconds, a final `/status` poll and `stop()`
+  (`t_end`: SIGTERM), which reads `/status` until the nodes exit: a node publishes the round its stop cut
+  short, and those samples, after `t_end`, carry it.
 - However `run` ends (return, exception, cancellation, KeyboardInterrupt), every process group it
   started has been sent SIGTERM, then SIGKILL after `stop_grace` seconds, and reaped.
 - A failed *initial* launch raises `NodeStartError` (quoting the log of every node that failed); a
@@ -45,6 +47,8 @@ from testnet.record import Recorder
 from testnet.wan import is_loopback
 
 __all__ = ["ArgvBuilder", "ChaosPartitioner", "NodeHandle", "NetnsPartitioner", "Supervisor"]
+
+STOP_POLL_S = 0.25  # how often `stop()` reads the stopping nodes' `/status`
 
 ArgvBuilder = Callable[[NodeSpec, int, int, Sequence[str]], list[str]]  # spec, gossip port, http port, peers
 
@@ -203,7 +207,11 @@ class Supervisor:
             for h in live:
                 self._event(h, "stop", pid=h.process.pid)
             self._stop_sent.update(p.pid for p in pending)
-            await stop_processes(pending, self.registry, grace=self.stop_grace)
+            async with trio.open_nursery() as nursery:
+                if first:  # a node publishes the round its stop cut short: read its counters until it exits
+                    nursery.start_soon(self._poll_while_stopping)
+                await stop_processes(pending, self.registry, grace=self.stop_grace)
+                nursery.cancel_scope.cancel()
             for h in live:
                 self._record_exit(h, h.process, expected=True)
             for h in self.handles:
@@ -407,6 +415,13 @@ class Supervisor:
             self.on_poll(self.handles)
             await trio.sleep(self.poll_interval)
 
+    async def _poll_while_stopping(self) -> None:
+        """`/status` of the stopping nodes, every `STOP_POLL_S`, until cancelled (they exit). These samples
+        come after `t_end`: they carry what a stop published (the round in flight), not time trained."""
+        while True:
+            await self.poll_once()
+            await trio.sleep(STOP_POLL_S)
+
     async def poll_once(self) -> None:
         """GET /status from every node that is up, concurrently; record each answer or error."""
         async with trio.open_nursery() as nursery:
@@ -423,7 +438,7 @@ class Supervisor:
             if not isinstance(status, dict):
                 raise ValueError(f"/status is a {type(status).__name__}, not an object")
         except (httpx.HTTPError, ValueError, RuntimeError) as e:
-            if h.inc == inc and h.state == "up":
+            if h.inc == inc and h.state == "up" and not self._stopped:  # a stopping node closes its server
                 self.recorder.sample(time.time(), h.spec.index, inc, error=repr(e))
             return
         if h.inc != inc:  # the process changed while we waited: the answer is stale

@@ -35,6 +35,9 @@ class Incarnation:
     killed_at: float | None = None
     stopped: tuple[int, str, str] | None = None  # its STOPPED line: (slot, ledger digest, params digest)
     finished: bool = False  # it ended by itself after --max-rounds (drained), not by a signal
+    # samples after this time were read while the run stopped (the supervisor's `t_end`): they carry what a
+    # stop published, counted by `value`, but no training time, so `rate` ends before them
+    stopping_from: float = float("inf")
 
     @property
     def last(self) -> dict[str, Any]:
@@ -65,11 +68,13 @@ class Incarnation:
         return next((t for t, s in self.samples if s.get("state") == "training"), None)
 
     def rate(self, key: str, since: float = float("-inf")) -> tuple[float, float]:
-        """(increase of `key`, seconds) from the first `training` sample (at or after `since`) to the last."""
-        start = next(((t, s) for t, s in self.samples if s.get("state") == "training" and t >= since), None)
-        if start is None or len(self.samples) < 2:
+        """(increase of `key`, seconds) from the first `training` sample (at or after `since`) to the last
+        before `stopping_from`."""
+        samples = [(t, s) for t, s in self.samples if t <= self.stopping_from]
+        start = next(((t, s) for t, s in samples if s.get("state") == "training" and t >= since), None)
+        if start is None or len(samples) < 2:
             return 0.0, 0.0
-        t_last, s_last = self.samples[-1]
+        t_last, s_last = samples[-1]
         a, b = _num(start[1], key), _num(s_last, key)
         if a is None or b is None or t_last <= start[0]:
             return 0.0, 0.0
@@ -87,8 +92,10 @@ class Timeline:
             if isinstance(row.get("status"), dict):
                 grouped[(row["node"], row["inc"])].append((float(row["t"]), row["status"]))
         keys = set(grouped) | {(e["node"], e["inc"]) for e in record.events if e["event"] == "launch"}
+        stopping_from = self.meta.t_end or float("inf")  # 0: the run's end was not recorded
         self.incs: dict[tuple[int, int], Incarnation] = {
-            k: Incarnation(k[0], k[1], sorted(grouped.get(k, []), key=lambda x: x[0])) for k in sorted(keys)}
+            k: Incarnation(k[0], k[1], sorted(grouped.get(k, []), key=lambda x: x[0]), stopping_from=stopping_from)
+            for k in sorted(keys)}
         for e in record.events:
             inc = self.incs.get((e["node"], e["inc"]))
             if inc is None:

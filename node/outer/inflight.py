@@ -8,8 +8,8 @@ pseudo-gradient so far, Δ = θ_base (moved) − θ_local, with the header field
 removes the file *before* its update is published, so a round is never published twice (a kill between the
 removal and the publication loses that round, as before). The next start of the node publishes what the
 file holds as a late update of its own (`Rounds.recover`), after its state sync, then trains its first round
-from the run's current parameters as usual. A graceful stop that interrupts a round writes its last state
-there too.
+from the run's current parameters as usual. A graceful stop does not need the file: it publishes the round
+as it stands (`Rounds.run_round`).
 
 The update is honest and ordinary: `inner_steps` and `tokens` are the steps it really took, its `base_slot`
 the slot it last followed, so every replica weights it by its tokens and its staleness like any late

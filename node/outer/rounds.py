@@ -14,7 +14,8 @@ A round, in order (`Rounds.run_round`):
    idles while a slot fills). If that slot is still open when the round ends, it is closed then. With
    `--adaptive-steps` (the default) the round ends when the peers' measured round time is used up (at
    least H/8 steps, `MIN_ROUND_FRACTION`), so a slow node does fewer steps instead of arriving late. A stop request ends it after the
-   current step; an interrupted round publishes nothing.
+   current step; the round is then published as it stands if it has those H/8 steps (the runtime waits,
+   bounded, for the peers to fetch its payload before it leaves), else nothing is.
 3. Δ = θ_base (moved) − θ_local, compressed with error feedback; signed header with base_slot = the slot
    the round last followed and publish_slot = the replica's slot *now*; published; the dequantized Δ
    (exactly what receivers decode) is added to the own ledger. Its slot stays open into the next round
@@ -133,6 +134,7 @@ class Rounds:
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._round_started_at = 0.0  # the host's clock when the round in progress started (its journal)
+        self.published_at_stop: str | None = None  # the payload blob of the round a stop cut short, once published
 
     @property
     def last_round(self) -> bool:
@@ -158,9 +160,7 @@ class Rounds:
         result = self.loop.run(self.settings.inner_steps, should_stop=should_stop, shift=shift.take,
                                progress=journal)
         self.slowdown.end_round()
-        if self._interrupted(result):
-            if self.journal is not None and result.steps >= should_stop.min_steps:  # the next start publishes it
-                self._write_journal(shift, result.params, result.steps, result.seconds, result.mean_loss)
+        if self._interrupted(result, should_stop.min_steps):
             return result, None
         if self.journal is not None:
             self.journal.clear()  # before the update is published: a round is never published twice
@@ -294,8 +294,11 @@ class Rounds:
             await self.replica.close_open("round end")
         return outcome
 
-    def _interrupted(self, result: RoundResult) -> bool:
-        return result.steps == 0 or (self.stop_requested() and result.steps < self.settings.inner_steps)
+    def _interrupted(self, result: RoundResult, min_steps: int) -> bool:
+        """Nothing to publish: no step, or a stop before the round had the steps an update needs. A stop
+        after them publishes the round as it stands, like an adaptive round cut short: its steps are not
+        lost with the process (the journal is for a kill, which leaves no time to publish)."""
+        return result.steps == 0 or (self.stop_requested() and result.steps < min_steps)
 
     async def run_round(self) -> bool:
         """One round (see the module docstring). False if it was interrupted (nothing published)."""
@@ -315,9 +318,7 @@ class Rounds:
         phases["inner_steps"] = result.seconds
         phases["train_hop"] -= result.seconds + phases["round_start"] - round_start + phases.get("compress", 0.0)
         if compressed is None:
-            kept = self.journal is not None and self.journal.path.exists()
-            log.info("round %d interrupted after %d steps: %s", self.stats.round + 1, result.steps,
-                     "journaled, the node's next start publishes it" if kept else "not published")
+            log.info("round %d interrupted after %d steps: not published", self.stats.round + 1, result.steps)
             return False
         payload, norms = compressed
         publish_slot = self.replica.slot
@@ -341,8 +342,11 @@ class Rounds:
             if self.stats.disk_errors.pop("update_blob", None) is not None:
                 log.warning("update blobs are written again: round %d published", self.stats.round + 1)
         self._count(result)
-        log.info("round %d: %d steps, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",
-                 self.stats.round, result.steps, result.mean_loss, result.seconds, signed.message_id.hex()[:16],
+        if self.stop_requested():  # the runtime hands it over to the peers before it leaves
+            self.published_at_stop = signed.body.payload_sha256.hex()
+        log.info("round %d: %d steps%s, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",
+                 self.stats.round, result.steps, " (cut short by the stop)" if self.published_at_stop else "",
+                 result.mean_loss, result.seconds, signed.message_id.hex()[:16],
                  base_slot, meta.target_slot, len(payload), signed.body.payload_sha256.hex()[:12],
                  outcome.value if outcome else "refused")
         if self.misbehave is not None:

@@ -1,10 +1,15 @@
-"""Tier (b): the round in flight survives its process (`node.outer.inflight`). Two node runtimes in one trio
-process, on loopback, with the real ledger, inner loop and p2p host. While node b trains a long round its
-journal appears in its checkpoint directory with the steps done so far; b is stopped in the middle of a
-round (the stop journals the round's last state); a new runtime of b on the same directory publishes that
-round after its start, as a late update of b with the steps and tokens it really trained, from the base it
-followed; node a applies it; the journal is gone. (The same after a SIGKILL, on real processes:
-`test_restart_learning`.)"""
+"""Tier (b): the round in flight outlives its process. Two node runtimes in one trio process, on loopback, with
+the real ledger, inner loop and p2p host; node b trains long rounds.
+
+- A crash (`node.outer.inflight`): while b trains a round its journal appears in its checkpoint directory
+  with the steps done so far; b vanishes in the middle of that round (its host aborted without a goodbye and
+  its tasks cancelled, nothing published; the checkpoint directory is left as a kill leaves it, the journal
+  as it was at that moment); a new runtime of b on the same directory publishes that round after its start,
+  as a late update of b with the steps and tokens it really trained, from the base it followed; node a
+  applies it; the journal is gone. (The same after a SIGKILL, on real processes: `test_restart_learning`.)
+- A graceful stop (`Rounds.run_round`, `NodeRuntime._hand_over`): b is stopped in the middle of a round that
+  has the steps an update needs; b publishes the round as it stands before it leaves, hands its payload to a
+  (a fetched it from b), a applies it, and no journal is left for a next start to publish twice."""
 
 from __future__ import annotations
 
@@ -21,53 +26,88 @@ from waiting import wait_for
 H = 40
 
 
-def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), **extra) -> NodeSettings:
+def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), heartbeat_s: float = 0.2, **extra) -> NodeSettings:
     return NodeSettings(run_id="inflight", key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
-                        peers=peers, overrides=SMALL, inner_steps=H, eval_every=0, heartbeat_s=0.2,
+                        peers=peers, overrides=SMALL, inner_steps=H, eval_every=0, heartbeat_s=heartbeat_s,
                         inflight_every_s=0.2, adaptive_steps=False, drain_timeout_s=30.0,
                         window=32,  # the founder may run many slots ahead while b restarts on a loaded machine
                         **extra)
 
 
-async def test_a_round_stopped_mid_way_is_published_by_the_next_start(tmp_path: Path, jax_persistent_cache) -> None:
+def _journal_of(tmp_path: Path, b: NodeRuntime) -> tuple[InflightJournal, object]:
+    """b's journal, and a predicate: b's round in progress is on disk, with 5..H-1 steps."""
+    journal = InflightJournal(tmp_path / "b" / "ckpt", every_s=1.0)
+
+    def journaled() -> bool:
+        j = journal.load(run_id="inflight", peer_id=b.peer_id, shapes=b.shapes) if journal.path.exists() else None
+        return j is not None and j.round == b.stats.round + 1 and 5 <= j.steps < H
+
+    return journal, journaled
+
+
+async def _applied_by(a: NodeRuntime, origin: str, steps: int) -> list:
+    """Wait until `a` holds an update of `origin` with `steps` inner steps; those updates."""
+    with trio.fail_after(30):
+        while not (ours := [m for m in await a.replica.updates_of(origin) if m.inner_steps == steps]):
+            await a.replica.changed()
+    return ours
+
+
+async def test_a_round_in_flight_at_a_crash_is_published_by_the_next_start(tmp_path: Path,
+                                                                           jax_persistent_cache) -> None:
     await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
     with trio.fail_after(150):
         async with trio.open_nursery() as nursery:
             a = NodeRuntime(settings(tmp_path, "a", slowdown=4.0))
             await nursery.start(a.run)
             peers = (a.host.gossip_addr,)
-            b = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))  # long rounds: stopped in one
-            await nursery.start(b.run)
-            journal = InflightJournal(tmp_path / "b" / "ckpt", every_s=1.0)
-
-            def journaled() -> bool:  # b's round in progress is on disk
-                j = journal.load(run_id="inflight", peer_id=b.peer_id, shapes=b.shapes) if journal.path.exists() else None
-                return j is not None and j.round == b.stats.round + 1 and 5 <= j.steps < H
-
-            await wait_for(lambda: b.stats.round >= 1 and journaled(), 120, "b's second round journaled", interval=0.05)
-            b.request_stop("test: stop in the middle of a round")
-            await wait_for(lambda: b.result is not None, 60, "b stopped")
-            stopped = journal.load(run_id="inflight", peer_id=b.peer_id, shapes=b.shapes)
-            assert stopped is not None and stopped.round == b.stats.round + 1 and 5 <= stopped.steps < H
-            published_before = b.stats.updates_published
+            b = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))  # long rounds: crashed in one
+            journal, journaled = _journal_of(tmp_path, b)
+            async with trio.open_nursery() as b_scope:
+                await b_scope.start(b.run)
+                await wait_for(lambda: b.stats.round >= 1 and journaled(), 120, "b's second round journaled",
+                               interval=0.05)
+                at_crash = journal.path.read_bytes()  # what a kill at this moment leaves on disk
+                published_before = b.stats.updates_published
+                b.host.abort()  # gone without a goodbye; its round's thread ends, its result is dropped
+                b_scope.cancel_scope.cancel()
+            assert b.stats.updates_published == published_before, "a crashed process publishes nothing more"
+            journal.path.write_bytes(at_crash)  # the round's own end may have removed it: the kill came first
+            crashed = journal.load(run_id="inflight", peer_id=b.peer_id, shapes=b.shapes)
+            assert crashed is not None and crashed.round == b.stats.round + 1 and 5 <= crashed.steps < H
 
             again = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))
             await nursery.start(again.run)
             await wait_for(lambda: again.stats.recovered_rounds == 1, 60, "the round recovered")
-            assert again.stats.updates_published == published_before + 1
-            assert again.stats.recovered_step_seconds == stopped.seconds
-            ours = []
-
-            async def a_applied() -> bool:
-                nonlocal ours
-                ours = [m for m in await a.replica.updates_of(b.peer_id) if m.inner_steps == stopped.steps]
-                return bool(ours)
-
-            with trio.fail_after(30):
-                while not await a_applied():
-                    await a.replica.changed()
-            (meta,) = ours
-            assert meta.base_slot == stopped.base_slot and meta.tokens == stopped.tokens
-            assert again.loop.batches.position >= stopped.data_position, "its batches are not trained again"
+            assert again.stats.recovered_step_seconds == crashed.seconds
+            assert not journal.path.exists(), "published once: the journal is gone"
+            (meta,) = await _applied_by(a, b.peer_id, crashed.steps)
+            assert meta.base_slot == crashed.base_slot and meta.tokens == crashed.tokens
+            assert again.loop.batches.position >= crashed.data_position, "its batches are not trained again"
             for node in (a, again):
                 node.request_stop("test done")
+
+
+async def test_a_graceful_stop_publishes_the_round_in_flight_and_hands_it_to_the_peers(
+        tmp_path: Path, jax_persistent_cache) -> None:
+    await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
+    with trio.fail_after(150):
+        async with trio.open_nursery() as nursery:
+            a = NodeRuntime(settings(tmp_path, "a", heartbeat_s=0.5, slowdown=4.0))
+            await nursery.start(a.run)
+            b = NodeRuntime(settings(tmp_path, "b", (a.host.gossip_addr,), heartbeat_s=0.5, slowdown=10.0))
+            journal, journaled = _journal_of(tmp_path, b)
+            await nursery.start(b.run)
+            await wait_for(lambda: b.stats.round >= 1 and journaled(), 120, "b in the middle of a round",
+                           interval=0.05)
+            published_before, steps_before = b.stats.updates_published, b.stats.inner_steps
+            b.request_stop("test: stop in the middle of a round")
+            await wait_for(lambda: b.result is not None, 60, "b stopped")
+            assert b.stats.updates_published == published_before + 1, "the round cut short was published"
+            cut_short = b.stats.inner_steps - steps_before
+            assert 5 <= cut_short < H, f"{cut_short} steps: the round as it stood, not a whole one"
+            blob = b.rounds.published_at_stop
+            assert blob is not None and a.peer_id in b.host.blobs.served_to(blob), "handed over before leaving"
+            assert not journal.path.exists(), "nothing left for a next start to publish twice"
+            assert len(await _applied_by(a, b.peer_id, cut_short)) == 1
+            a.request_stop("test done")

@@ -42,12 +42,24 @@ def main():
     p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
     p.add_argument("--tokens-per-step", type=int, default=100, help="tokens each of its 10 steps/s counts")
     p.add_argument("--train-after", type=float, default=0.0, help="report state syncing for this long first")
+    p.add_argument("--publish-on-stop", type=float, default=None, metavar="SECONDS",
+                   help="on SIGTERM, count 1 s more of contributed steps (a round the stop cut short, "
+                        "published) and go on answering /status for SECONDS before exiting 0")
     args = p.parse_args()
     started = time.time()
     if args.die_before_listening:
         print("fatal: cannot load the model (test)", file=sys.stderr, flush=True)
         sys.exit(3)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else (lambda *a: os._exit(0)))
+    stopped_at: list[float] = []
+
+    def on_term(*_):
+        if args.publish_on_stop is None:
+            os._exit(0)
+        if not stopped_at:
+            stopped_at.append(time.time())
+            threading.Timer(args.publish_on_stop, os._exit, (0,)).start()
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else on_term)
     if args.grandchild:
         child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
         with open(os.path.join(args.checkpoint_dir, "grandchild.pid"), "w") as f:
@@ -71,7 +83,8 @@ def main():
             self.wfile.write(body)
 
         def do_GET(self):
-            now = time.time()
+            now = stopped_at[0] if stopped_at else time.time()
+            published_at_stop = 1.0 if stopped_at else 0.0
             steps = int((now - started) * 10)
             state = "training" if now - started >= args.train_after else "syncing"
             self._json({"peer_id": args.peer_id, "state": state, "slot": steps // 5, "round": steps // 5,
@@ -79,7 +92,7 @@ def main():
                         "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
                         "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
                         "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
-                        "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9,
+                        "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
                         "started_at": started, "first_update_at": started})
 
         def do_POST(self):

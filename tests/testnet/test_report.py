@@ -248,3 +248,19 @@ def test_the_plans_times_count_from_when_its_clock_started() -> None:
     assert fig["baseline_goodput"]["stalled_s"] == 2.0 + 7.0  # the partition, then the kill until 1016
     rec.meta.t_plan = None  # a run recorded before the plan's start was kept: its plan counted from the launch
     assert compute(rec)["baseline_goodput"]["stalled_s"] == 7.0
+
+
+def test_a_round_published_by_a_stop_counts_in_goodput_but_adds_no_training_time() -> None:
+    """The supervisor reads `/status` while the nodes stop (after `t_end`): node 0 published there the round
+    its stop cut short (2 more contributed seconds, 20 more steps). Goodput counts those seconds, trained
+    before the stop; the pace (overlap, throughput) still ends at the last sample before `t_end`."""
+    run = record(solo={"steps_per_second": [10.0, 10.0]})
+    n0 = dict(started=1001, first=1005)
+    run.samples.append({"t": 1021.5, "node": 0, "inc": 0,
+                        "status": status("training", 15, 150, 7000, **n0, ledger="L3", params="P3")})
+    fig = compute(run)
+    assert fig["run"]["window_s"] == 16.0
+    assert fig["goodput"]["per_node"] == [14 / 16, 0.4375]
+    assert fig["overlap"]["network_steps_per_s"]["0"] == 7.5, "120 steps in 16 s, as without the stop's sample"
+    comm = fig["communication"]  # the stop's update: its bytes and its steps
+    assert comm["bytes_sent"] == 7000 + 1750 + 2000 and comm["inner_steps"] == 150 + 35 + 40

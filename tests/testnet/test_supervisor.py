@@ -58,6 +58,29 @@ async def test_kill_restart_same_ports_and_everything_stopped(tmp_path: Path) ->
     assert all(h.state == "stopped" for h in sup.handles)
 
 
+async def test_the_stop_reads_status_until_the_nodes_exit(tmp_path: Path) -> None:
+    """A node publishes the round its stop cut short (the fake counts 1 s more of contributed steps after
+    SIGTERM and answers for 1 s): `stop()` keeps reading `/status` after `t_end` until it exits, so the report's
+    goodput counts that round; errors of nodes closing their servers are not recorded as failures."""
+    specs = fake_specs(tmp_path, 2)
+    recorder = Recorder(tmp_path)
+    sup = Supervisor(specs, fake_argv("--publish-on-stop", "1.0"), recorder, start_timeout=20, stop_grace=5,
+                     poll_interval=0.05)
+    with trio.fail_after(30):
+        await sup.run(FaultPlan(nodes=2, duration=1.0))
+    recorder.close()
+    rows = [json.loads(line) for line in (tmp_path / "status.jsonl").read_text().splitlines()]
+    for node in (0, 1):
+        before = [r["status"]["contributed_step_seconds"] for r in rows
+                  if r["node"] == node and "status" in r and r["t"] <= sup.t_end]
+        after = [r["status"]["contributed_step_seconds"] for r in rows
+                 if r["node"] == node and "status" in r and r["t"] > sup.t_end]
+        assert after and after[-1] >= before[-1] + 1.0, (before[-3:], after)
+    assert not [r for r in rows if "error" in r and r["t"] > sup.t_end]
+    exits = [e for e in events(tmp_path) if e["event"] == "exit"]
+    assert len(exits) == 2 and all(e["expected"] and e["rc"] == 0 for e in exits), exits
+
+
 async def test_nodes_that_finish_by_themselves_end_the_run_early(tmp_path: Path) -> None:
     specs = fake_specs(tmp_path, 2)
     recorder = Recorder(tmp_path)
