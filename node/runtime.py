@@ -49,7 +49,7 @@ from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint
 from node.start import start_state
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
-from node.status import NodeStats, StatusRoutes
+from node.status import NodeStats, StatusRoutes, status_fields, write_last_status
 from node.island.task import Task
 from node.outer.updates import decode_update, update_meta
 from protocol import kernels
@@ -506,6 +506,9 @@ class NodeRuntime:
         self.stats.state = "stopped"
         self.stats.draining = False
         self._progress("stopped")
+        if self.checkpoints is not None:
+            await trio.to_thread.run_sync(write_last_status, self.checkpoints.directory,
+                                          status_fields(self.stats, replica, self.host, (ledger_digest, params_digest)))
         reason = self._stop_reason or "max-rounds reached"
         await self.host.close(reason)
         if self.upkeep is not None:

@@ -4,14 +4,17 @@ registry of this node's own: no global metrics, so several nodes can live in one
 
 `NodeStats` holds the counters the round loop updates; `status_fields` assembles the JSON from it, the
 replica (slot, digests, outcomes) and the host (peers, bytes, refusals). Digests are the replica's
-cached values; the `/status` handler refreshes them first (in a worker thread).
+cached values; the `/status` handler refreshes them first (in a worker thread). A stopping node also
+writes its last `/status` object to its checkpoint directory (`write_last_status`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import math
+import os
 import resource
 import sys
 import time
@@ -19,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -30,7 +34,9 @@ from protocol.errors import Reason
 from protocol.runconfig import config_hash
 from node.outer.replica import Replica
 
-__all__ = ["PHASES", "NodeStats", "StatusRoutes", "status_fields"]
+__all__ = ["LAST_STATUS", "PHASES", "NodeStats", "StatusRoutes", "status_fields", "write_last_status"]
+
+log = logging.getLogger("node.status")
 
 STATUS_LIMIT = "50/second"  # per client address, for /status and /metrics (a poll a second is plenty)
 ROUND_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -227,6 +233,22 @@ class _Collector(Collector):
                 for kind, t in kinds.items():
                     fam.add_metric([peer, kind], t[f"{direction}_bytes"])
             yield fam
+
+
+LAST_STATUS = "status.json"  # in the checkpoint directory: the `/status` object of the process's last moment
+
+
+def write_last_status(directory: Path, fields: dict[str, Any]) -> None:
+    """Write a stopping process's final `/status` object to `directory/LAST_STATUS`, atomically (temp file,
+    rename): what it published while stopping, readable after its HTTP server is gone (the testnet's goodput
+    counts the round a stop published from it). An I/O error is logged, never raised: the stop goes on."""
+    path = directory / LAST_STATUS
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fields))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("last status not written to %s: %s", path, exc)
 
 
 class StatusRoutes:

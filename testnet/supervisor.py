@@ -14,8 +14,9 @@ Contract:
   with `plan_from_ready=True` (the solo run, which measures the pace of training), from the moment every
   node first reported `training` (waited for at most `start_timeout` seconds: a node that never trains
   does not hold the others up). It returns after `plan.duration` seconds, a final `/status` poll and `stop()`
-  (`t_end`: SIGTERM), which reads `/status` until the nodes exit: a node publishes the round its stop cut
-  short, and those samples, after `t_end`, carry it.
+  (`t_end`: SIGTERM), which reads `/status` until the nodes exit, then the last status each wrote to its
+  checkpoint directory: a node publishes the round its stop cut short, and those samples, after `t_end`,
+  carry it.
 - However `run` ends (return, exception, cancellation, KeyboardInterrupt), every process group it
   started has been sent SIGTERM, then SIGKILL after `stop_grace` seconds, and reaped.
 - A failed *initial* launch raises `NodeStartError` (quoting the log of every node that failed); a
@@ -31,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +41,7 @@ from typing import Any, Protocol
 import httpx
 import trio
 
+from node.status import LAST_STATUS
 from testnet.faults import FaultPlan, Partition
 from testnet.nodes import NodeSpec
 from testnet.procs import (GroupRegistry, LineReader, Listening, NodeStartError, drain_to_log, spawn,
@@ -212,6 +215,8 @@ class Supervisor:
                     nursery.start_soon(self._poll_while_stopping)
                 await stop_processes(pending, self.registry, grace=self.stop_grace)
                 nursery.cancel_scope.cancel()
+            for h in live:
+                self._read_last_status(h)
             for h in live:
                 self._record_exit(h, h.process, expected=True)
             for h in self.handles:
@@ -414,6 +419,17 @@ class Supervisor:
             await self.poll_once()
             self.on_poll(self.handles)
             await trio.sleep(self.poll_interval)
+
+    def _read_last_status(self, h: NodeHandle) -> None:
+        """Record, as a sample at its exit, the last `/status` object a stopped process wrote to its checkpoint
+        directory (`node.status.write_last_status`): its server may close before a poll reads what the stop
+        published. Only one of this process (the same `started_at` as its polled status); none is fine."""
+        try:
+            status = json.loads((h.spec.checkpoint_dir / LAST_STATUS).read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(status, dict) and h.status is not None and status.get("started_at") == h.status.get("started_at"):
+            self.recorder.sample(time.time(), h.spec.index, h.inc, status=status)
 
     async def _poll_while_stopping(self) -> None:
         """`/status` of the stopping nodes, every `STOP_POLL_S`, until cancelled (they exit). These samples

@@ -9,10 +9,12 @@ the real ledger, inner loop and p2p host; node b trains long rounds.
   applies it; the journal is gone. (The same after a SIGKILL, on real processes: `test_restart_learning`.)
 - A graceful stop (`Rounds.run_round`, `NodeRuntime._hand_over`): b is stopped in the middle of a round that
   has the steps an update needs; b publishes the round as it stands before it leaves, hands its payload to a
-  (a fetched it from b), a applies it, and no journal is left for a next start to publish twice."""
+  (a fetched it from b), a applies it, no journal is left for a next start to publish twice, and its last
+  `/status` object is in its checkpoint directory (`node.status.write_last_status`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import trio
@@ -20,6 +22,7 @@ import trio
 from node.outer.inflight import InflightJournal
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
+from node.status import LAST_STATUS
 from test_inprocess import SMALL, compile_once
 from waiting import wait_for
 
@@ -110,4 +113,7 @@ async def test_a_graceful_stop_publishes_the_round_in_flight_and_hands_it_to_the
             assert blob is not None and a.peer_id in b.host.blobs.served_to(blob), "handed over before leaving"
             assert not journal.path.exists(), "nothing left for a next start to publish twice"
             assert len(await _applied_by(a, b.peer_id, cut_short)) == 1
+            last = json.loads((tmp_path / "b" / "ckpt" / LAST_STATUS).read_text())  # readable after its server is gone
+            assert last["state"] == "stopped" and last["inner_steps"] == b.stats.inner_steps
+            assert last["contributed_step_seconds"] == b.stats.contributed_step_seconds
             a.request_stop("test done")

@@ -44,7 +44,8 @@ def main():
     p.add_argument("--train-after", type=float, default=0.0, help="report state syncing for this long first")
     p.add_argument("--publish-on-stop", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM, count 1 s more of contributed steps (a round the stop cut short, "
-                        "published) and go on answering /status for SECONDS before exiting 0")
+                        "published), write the last status to CHECKPOINT_DIR/status.json and go on answering "
+                        "/status for SECONDS before exiting 0")
     args = p.parse_args()
     started = time.time()
     if args.die_before_listening:
@@ -57,6 +58,8 @@ def main():
             os._exit(0)
         if not stopped_at:
             stopped_at.append(time.time())
+            with open(os.path.join(args.checkpoint_dir, "status.json"), "w") as f:
+                json.dump(status(), f)
             threading.Timer(args.publish_on_stop, os._exit, (0,)).start()
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else on_term)
@@ -69,6 +72,19 @@ def main():
     gossip.bind(split(args.listen))
     gossip.listen()
     chaos_log = os.path.join(args.checkpoint_dir, "chaos.jsonl")
+
+    def status() -> dict:
+        now = stopped_at[0] if stopped_at else time.time()
+        published_at_stop = 1.0 if stopped_at else 0.0
+        steps = int((now - started) * 10)
+        state = "training" if now - started >= args.train_after else "syncing"
+        return {"peer_id": args.peer_id, "state": state, "slot": steps // 5, "round": steps // 5,
+                "inner_steps": steps, "tokens": steps * args.tokens_per_step, "loss": 3.0, "eval_loss": None,
+                "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
+                "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
+                "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
+                "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
+                "started_at": started, "first_update_at": started}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -83,17 +99,7 @@ def main():
             self.wfile.write(body)
 
         def do_GET(self):
-            now = stopped_at[0] if stopped_at else time.time()
-            published_at_stop = 1.0 if stopped_at else 0.0
-            steps = int((now - started) * 10)
-            state = "training" if now - started >= args.train_after else "syncing"
-            self._json({"peer_id": args.peer_id, "state": state, "slot": steps // 5, "round": steps // 5,
-                        "inner_steps": steps, "tokens": steps * args.tokens_per_step, "loss": 3.0, "eval_loss": None,
-                        "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
-                        "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
-                        "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
-                        "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
-                        "started_at": started, "first_update_at": started})
+            self._json(status())
 
         def do_POST(self):
             body = self.rfile.read(int(self.headers["content-length"]))

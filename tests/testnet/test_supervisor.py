@@ -58,13 +58,15 @@ async def test_kill_restart_same_ports_and_everything_stopped(tmp_path: Path) ->
     assert all(h.state == "stopped" for h in sup.handles)
 
 
-async def test_the_stop_reads_status_until_the_nodes_exit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linger", ["1.0", "0"])
+async def test_the_stop_reads_status_until_the_nodes_exit(tmp_path: Path, linger: str) -> None:
     """A node publishes the round its stop cut short (the fake counts 1 s more of contributed steps after
-    SIGTERM and answers for 1 s): `stop()` keeps reading `/status` after `t_end` until it exits, so the report's
-    goodput counts that round; errors of nodes closing their servers are not recorded as failures."""
+    SIGTERM, writes its last status to its checkpoint directory, and answers for `linger` s): `stop()` keeps
+    reading `/status` after `t_end` until it exits, then that file, so the report's goodput counts that round
+    even from a node that exits at once; errors of nodes closing their servers are not recorded as failures."""
     specs = fake_specs(tmp_path, 2)
     recorder = Recorder(tmp_path)
-    sup = Supervisor(specs, fake_argv("--publish-on-stop", "1.0"), recorder, start_timeout=20, stop_grace=5,
+    sup = Supervisor(specs, fake_argv("--publish-on-stop", linger), recorder, start_timeout=20, stop_grace=5,
                      poll_interval=0.05)
     with trio.fail_after(30):
         await sup.run(FaultPlan(nodes=2, duration=1.0))
