@@ -9,14 +9,15 @@
 - `node.outer` — the outer loop around it: the ledger service (`replica.Replica`, the one owner of the
   node's `protocol.ledger.Ledger`: every operation in a worker thread under one lock, views read on the
   trio thread), the rounds (`rounds.Rounds`: train, compress, publish, add) and what comes between them
-  (`upkeep.BetweenRounds`: evaluation, checkpoints, blob clean-up), the hand-over of moving
+  (`upkeep.BetweenRounds`: evaluation, checkpoints, blob clean-up), the intake of peers' updates
+  (`intake.Intake`), the hand-over of moving
   global parameters to a running round (`rebase.BaseShift`, the one place the trio side and the training
   thread meet), update encoding/decoding (`updates`) and the memory-mapped outer files (`outer_files`).
 - `node.sync` — how replicas come to agree: joining a running training (`join`, `statefetch`), serving
   state to joiners (`stateserve`), repair and the fork choice between diverged replicas (`repair`,
   `forkhint`), and the drain at the end of a run (`drain`).
 
-`node.runtime.NodeRuntime` wires them (lifecycle, intake of peers' updates, checkpoints: `checkpoint`);
+`node.runtime.NodeRuntime` wires them (lifecycle, checkpoints: `checkpoint`);
 `cli`, `settings`, `status`, `logs` and `chaos` are the process around it.
 
 Names are re-exported lazily (PEP 562): `import node` or `from node.island.config import ...` does not import

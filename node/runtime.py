@@ -10,7 +10,7 @@ Lifecycle (`NodeRuntime.run`), one owner per step:
                 from the seed's initial parameters (`node.start`, a worker thread)
     syncing     with bootstrap peers: the best peer state if fresher than ours (`node.sync.join`)
     training    rounds (`node.outer.rounds`) and what comes between them (`node.outer.upkeep`: evaluation,
-                checkpoints, blob clean-up), while the intake task adds peers' updates as they arrive
+                checkpoints, blob clean-up), while `node.outer.intake` adds peers' updates as they arrive
     draining    after `--max-rounds`: wait for the peers (`node.sync.drain`), close every slot with updates
     stopped     signed goodbye, final checkpoint; `run` returns the `Stopped` line
 
@@ -42,6 +42,7 @@ from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
 from node.sync.repair import pull_missing
 from node.hostconfig import host_config
+from node.outer.intake import Intake
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.upkeep import BetweenRounds, HeldBlobs
@@ -51,14 +52,11 @@ from node.start import start_state
 from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
 from node.status import NodeStats, StatusRoutes, status_fields, write_last_status
 from node.island.task import Task
-from node.outer.updates import decode_update, update_meta
 from protocol import kernels
 from protocol.compression import ErrorFeedback
-from protocol.errors import Reason, RemoteProtocolError
 from protocol.identity import Identity
-from protocol.ledger import ClosePolicyConfig, Outcome, SlotClosePolicy
-from protocol.ledger.proof import proof_of, proofs_of_doc
-from protocol.messages import Goodbye, UpdateHeader
+from protocol.ledger import ClosePolicyConfig, SlotClosePolicy
+from protocol.ledger.proof import proofs_of_doc
 
 __all__ = ["NodeRuntime", "Stopped"]
 
@@ -123,8 +121,6 @@ class NodeRuntime:
         self._stop_reason: str | None = None
         self._stop_event = trio.Event()
         self._sync_scope: trio.CancelScope | None = None
-        self._resync = False  # set when peers' updates are too far ahead to hold
-        self._far_ahead: set[str] = set()  # origins of updates refused as too far ahead since the last resync
         self._repaired: set[tuple[str, str]] = set()  # (peer, drain state) pulled from at the end
         self._repairing: set[str] = set()  # peers a comparison (`_repair`) is running with
         self._seen_peers: set[str] = set()  # peers connected at some point in this process
@@ -322,7 +318,11 @@ class NodeRuntime:
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
         self._progress("training")
-        self._background.start_soon(self._intake)
+        self.intake = Intake(
+            host=self.host, replica=self.replica, shapes=self.shapes, stats=self.stats, policy=self.policy,
+            peer_clock=self.rounds.peer_clock, blobs=self.blobs, inner_steps=self.settings.inner_steps,
+            compare=lambda origin: self._background.start_soon(self._repair, origin))
+        self._background.start_soon(self.intake.run)
         self._background.start_soon(self.replica.keep_bottom)
 
     def _in_ledger(self, update_id: bytes) -> bool:
@@ -376,8 +376,8 @@ class NodeRuntime:
         return back
 
     async def _one_round(self) -> None:
-        if self._resync:
-            self._resync = False
+        if self.intake.resync:
+            self.intake.resync = False
             log.warning("far behind the peers: syncing their state again")
             try:
                 self._follow_run_schedule(await self._join(RESYNC_TIMEOUT_HEARTBEATS * self.settings.heartbeat_s))
@@ -401,49 +401,6 @@ class NodeRuntime:
         if upkeep.checkpoint_due():
             await upkeep.checkpoint(background=self._nursery)  # written while the next round trains
         upkeep.collect_garbage()
-
-    # ---- peers' updates ---------------------------------------------------------------------------
-    async def _intake(self) -> None:
-        """Add every verified update from the overlay to the ledger (decoded in a worker thread)."""
-        async for delivery in self.host.inbox:
-            body = delivery.body
-            if isinstance(body, Goodbye):
-                log.info("goodbye from %s: %s", body.origin, body.reason)
-            elif isinstance(body, UpdateHeader):
-                await self._add_update(delivery)
-
-    async def _add_update(self, delivery: p2p.Delivery) -> None:
-        header: UpdateHeader = delivery.body
-        meta = update_meta(delivery.message)
-        try:
-            deltas, payload = await trio.to_thread.run_sync(decode_update, header, delivery.blob, self.shapes)
-            outcome, closed = await self.replica.add(meta, deltas, payload, proof_of(delivery.message))
-        except FileNotFoundError:  # the blob clean-up removed its payload first (a slot that left the window)
-            log.info("update %s from %s: its payload was removed before it was read; skipped",
-                     meta.update_id.hex()[:16], header.origin)
-            return
-        except RemoteProtocolError as exc:
-            self.stats.rejections[exc.reason.value] += 1
-            log.warning("refused update %s from %s (via %s): %s", meta.update_id.hex()[:16], header.origin,
-                        delivery.source, exc)
-            if exc.reason is Reason.BAD_SLOT and meta.target_slot > self.replica.slot:
-                # too far behind to hold their updates: sync again between rounds — once two origins (or
-                # every peer, if fewer) are that far ahead, so one signed header that jumps ahead cannot
-                # send every node to download the whole state (the catch-up rule's quorum)
-                self._far_ahead.add(header.origin)
-                if len(self._far_ahead) >= min(2, max(1, len(self.host.connected_peers()))):
-                    self._resync, self._far_ahead = True, set()
-            return
-        now = self.host.now()
-        self.policy.observe_transfer(min(60.0, max(0.0, now - header.seqno / 1e6)))
-        self.rounds.peer_clock.observe(header.origin, header.seqno / 1e6, header.inner_steps, self.settings.inner_steps)
-        self.blobs.hold(meta.target_slot, header.payload_sha256.hex())
-        stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
-        log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",
-                meta.update_id.hex()[:16], header.origin, header.base_slot, meta.target_slot, header.inner_steps,
-                outcome.value, f"; caught up to slot {self.replica.slot}" if closed else "")
-        if stale:  # our placement of it now differs from its origin's: compare (fork choice) right away
-            self._background.start_soon(self._repair, header.origin)
 
     # ---- the end ----------------------------------------------------------------------------------
     async def _hand_over(self, blob: str) -> None:
