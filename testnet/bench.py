@@ -115,6 +115,9 @@ def bench_goodput(a: argparse.Namespace) -> None:
     print(f"nodes never killed: goodput {r['goodput']['never_killed']}; overlap (steps/s in the network / alone, "
           f"same machine load) {r['overlap']['value']}; communication ratio {r['communication']['ratio']}x less "
           f"than ring all-reduce")
+    if r["goodput"].get("published_at_stop_s") is not None:  # reports written before session 21 lack it
+        print(f"rounds the stop cut short and published, counted after it: {r['goodput']['published_at_stop_s']:.1f} s "
+              f"of inner steps from {r['goodput']['published_at_stop_nodes']} processes")
     shares = r.get("time", {}).get("never_killed", {}).get("fractions")
     if shares:
         print("time of nodes never killed: " + " · ".join(f"{k} {v:.3f}" for k, v in shares.items()))

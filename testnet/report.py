@@ -248,6 +248,9 @@ def compute(record: RunRecord) -> dict[str, Any]:
     launch_alloc = sum(tl.t_end - (tl.of(n)[0].launched_at or tl.t_launch) for n in range(meta.nodes) if tl.of(n))
     from_launch = sum(inc.value("contributed_step_seconds") for inc in tl.incs.values()) / launch_alloc \
         if answered and launch_alloc > 0 else None
+    # contributed seconds read after the stop (the rounds the stop published), and how many processes had some
+    at_stop = [inc.value("contributed_step_seconds") - inc.value_at("contributed_step_seconds", tl.t_end)
+               for inc in tl.incs.values()]
 
     stalls = tl.outages() + tl.partitions()
     stalled = clip_length(stalls, start, tl.t_end)
@@ -297,7 +300,9 @@ def compute(record: RunRecord) -> dict[str, Any]:
                 "stopped_during": meta.extra.get("stopped_during")},
         "baseline_run": baseline_run,
         "goodput": {"value": _round(goodput), "from_launch": _round(from_launch), "per_node": [_round(g) for g in per_node],
-                    "never_killed": _round(statistics.mean(unkilled)) if unkilled else None},
+                    "never_killed": _round(statistics.mean(unkilled)) if unkilled else None,
+                    "published_at_stop_s": _round(sum(at_stop), 2) if answered else None,
+                    "published_at_stop_nodes": sum(x > 0 for x in at_stop) if answered else None},
         "baseline_goodput": {"same_failures": _round(dp_same), "no_failures": _round(slow_eff),
                              "stalled_s": _round(stalled, 2),
                              "ratio": _round(goodput / dp_same) if goodput is not None and dp_same else None,

@@ -212,7 +212,8 @@ def test_a_run_without_measurements_shows_nothing_as_measured() -> None:
     events = [{"t": 0.5, "node": n, "inc": 0, "event": e, "rc": 2, "expected": False, "finished": False}
               for n in (0, 1) for e in ("launch", "exit")]
     fig = compute(RunRecord(meta, FaultPlan(nodes=2, duration=5), events, []))
-    assert fig["goodput"] == {"value": None, "from_launch": None, "per_node": [None, None], "never_killed": None}
+    assert fig["goodput"] == {"value": None, "from_launch": None, "per_node": [None, None], "never_killed": None,
+                              "published_at_stop_s": None, "published_at_stop_nodes": None}
     assert fig["agreement"]["ok"] is None and fig["agreement"]["consistent"] is None
     assert fig["rejections"]["total"] is None and fig["throughput"]["total_tokens"] is None
     assert fig["communication"]["bytes_sent"] is None and fig["baseline_goodput"]["ratio"] is None
@@ -261,6 +262,8 @@ def test_a_round_published_by_a_stop_counts_in_goodput_but_adds_no_training_time
     fig = compute(run)
     assert fig["run"]["window_s"] == 16.0
     assert fig["goodput"]["per_node"] == [14 / 16, 0.4375]
+    assert fig["goodput"]["published_at_stop_s"] == 2.0 and fig["goodput"]["published_at_stop_nodes"] == 1
+    assert compute(record())["goodput"]["published_at_stop_s"] == 0.0
     assert fig["overlap"]["network_steps_per_s"]["0"] == 7.5, "120 steps in 16 s, as without the stop's sample"
     comm = fig["communication"]  # the stop's update: its bytes and its steps
     assert comm["bytes_sent"] == 7000 + 1750 + 2000 and comm["inner_steps"] == 150 + 35 + 40
