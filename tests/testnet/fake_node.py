@@ -119,8 +119,8 @@ def main():
         time.sleep(args.finish_after)
         print("STOPPED 7 aa bb", flush=True)
         sys.exit(0)
-    while True:
-        signal.pause()  # until the supervisor's signal ends the process
+    while True:  # until the supervisor's signal ends the process. Not signal.pause(): the kernel may hand
+        time.sleep(0.05)  # SIGTERM to a server thread, and then a paused main thread would never run the handler
 
 
 if __name__ == "__main__":
