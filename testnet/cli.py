@@ -132,6 +132,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--jax-cache", default="auto", metavar="DIR",
       help="JAX compilation cache shared by the nodes, so restarts skip compiling (default auto = OUT/jax-cache; "
            "none = off)")
+    a("--pin-cpus", action=argparse.BooleanOptionalAction, default=True,
+      help="pin each node to an equal share of this machine's cores with taskset, as islands on their own "
+           "hardware: unpinned, the kernel shares cores by thread and a node starting up on one thread gets "
+           "less than its share beside multi-threaded trainers (default on; off, or when the nodes cannot "
+           "share the cores equally, the kernel shares them)")
     a("--plan-only", action="store_true", help="print the fault plan and exit")
     ns = p.parse_args(argv)
     at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),
@@ -162,7 +167,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    slow=tuple(ns.slow), partition=tuple(ns.partition), misbehave=tuple(ns.misbehave), wan=ns.wan,
                    baseline=ns.baseline, solo_seconds=ns.solo_seconds, out=ns.out, progress=ns.progress,
                    start_timeout=ns.start_timeout, stop_grace=ns.stop_grace, poll_interval=ns.poll_interval,
-                   node_args=tuple(ns.node_arg), overrides=tuple(ns.overrides), plan_only=ns.plan_only)
+                   node_args=tuple(ns.node_arg), overrides=tuple(ns.overrides), plan_only=ns.plan_only,
+                   pin_cpus=ns.pin_cpus)
 
 
 def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:

@@ -46,6 +46,7 @@ class Options:
     node_args: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     jax_cache: str = "auto"
+    pin_cpus: bool = True  # each node on an equal share of the cores (`testnet.cpus`)
     plan_only: bool = False
     paced_total_steps: int | None = None  # set by the testnet from the solo run's pace (`testnet.horizon`)
 

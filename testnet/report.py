@@ -292,7 +292,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
     mean_final = statistics.mean(finals.values()) if finals else None
     return {
         "run": {"nodes": meta.nodes, "model": meta.model, "inner_steps": meta.inner_steps, "param_count": params,
-                "wan": meta.wan, "seed": meta.seed, "plan": plan.fingerprint(), "interrupted": meta.interrupted,
+                "wan": meta.wan, "cpus": meta.extra.get("cpus"), "seed": meta.seed, "plan": plan.fingerprint(), "interrupted": meta.interrupted,
                 "duration_s": _round(tl.t_end - tl.t_launch, 2),
                 "all_training_at_s": _round(t_ready - tl.t_launch, 2) if t_ready is not None else None,
                 "window_s": _round(window, 2), "honest_nodes": list(honest),

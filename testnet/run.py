@@ -21,6 +21,7 @@ from typing import Any
 
 from testnet.baseline_run import BaselineProgress, baseline_argv, baseline_steps, run_baseline_child
 from testnet.checks import UsageError
+from testnet.cpus import pinning
 from testnet.faults import FaultPlan, parse_slow
 from testnet.finish import Stage, final_report, verdict
 from testnet.horizon import Pace, horizon_steps
@@ -88,12 +89,20 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
         (run_dir / "run.json").write_text(json.dumps(meta.to_dict(), indent=1))
 
 
-async def _solo(o: Options, run_dir: Path, argv_builder,
-                registry: GroupRegistry) -> tuple[dict[int, float], list[float]]:
+def _prefixes(nodes: int, pins: list[tuple[str, ...]] | None,
+              network: WanNetwork | None) -> list[tuple[str, ...]] | None:
+    """Node i's command prefix: its cores (`testnet.cpus`), then its network namespace (`--wan`)."""
+    if pins is None and network is None:
+        return None
+    return [(*(pins[i] if pins else ()), *(network.exec_prefix(i) if network else ())) for i in range(nodes)]
+
+
+async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry,
+                pins: list[tuple[str, ...]] | None) -> tuple[dict[int, float], list[float]]:
     """Every node alone (no peers), all at once so the machine is as loaded as in the testnet; returns
     their inner steps/s while training (node -> rate) and their seconds from launch to training."""
     solo_dir = run_dir / "solo"
-    specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003)
+    specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003, exec_prefixes=pins)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
     (solo_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     say(f"solo run: {o.nodes} isolated nodes, {o.solo_seconds:g} s once every node trains (their pace sets the "
@@ -162,6 +171,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
     network: WanNetwork | None = None
     wan_desc = "off"
+    pins, cpus_desc = pinning(o.nodes, o.pin_cpus)
+    say(f"CPU: {cpus_desc}")
     try:
         if o.wan is not None:
             spec = LinkSpec.parse(o.wan)
@@ -187,16 +198,17 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         solo_rates = None
         if o.solo_seconds > 0:
             stage.name = "solo"
-            solo_rates, startups = await _solo(o, run_dir, builder, registry)
+            solo_rates, startups = await _solo(o, run_dir, builder, registry, pins)
             # a plan with faults counts the run from the moment every node trains: no start-up inside it
             o = _pace_schedule(o, solo_rates, [] if plan.has_faults else startups)
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
                               hosts=[network.host(i) for i in range(o.nodes)] if network else None,
-                              exec_prefixes=[network.exec_prefix(i) for i in range(o.nodes)] if network else None,
+                              exec_prefixes=_prefixes(o.nodes, pins, network),
                               slow=dict(plan.slow), misbehave=dict(plan.misbehave))
         meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs],
                        wan=wan_desc, data=list(o.data), compression=o.compression, seed=o.seed,
                        extra={"param_count": _param_count(o.model, o.config_overrides()), "options": _jsonable(o),
+                              "cpus": cpus_desc,
                               "config_overrides": list(o.config_overrides())})
         if solo_rates is not None:
             (run_dir / "solo.json").write_text(json.dumps({"steps_per_second": list(solo_rates.values())}))

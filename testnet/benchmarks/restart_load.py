@@ -8,7 +8,9 @@ node with ``--peers`` and a checkpoint directory ``--repeat`` times (the second 
 its checkpoint, as a restart does) and prints, for each start, the wall time and the process's CPU time
 (``/proc/<pid>/stat``) when it printed ``LISTENING``, when its steps were compiled (from the cache after the
 first start; the state sync runs beside it) and when it published its first update. ``--load 0`` measures the same start on an idle machine: the ratio of the
-two wall times is what the other processes' training costs a restart. Figures in BENCHMARKS.md (issue 13).
+two wall times is what the other processes' training costs a restart. Every process is pinned to an equal
+share of the cores, as the testnet pins its nodes (``testnet.cpus``; ``--no-pin-cpus``: the kernel shares
+them by thread). Figures in BENCHMARKS.md (issue 13).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from testnet.cpus import pinning
 from testnet.nodes import node_env
 
 MARKS = ("LISTENING", "compiled in", "published update")  # the node's own log lines, in the order they come
@@ -66,7 +69,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="starts of the measured node (the later ones restarts)")
     ap.add_argument("--settle-s", type=float, default=40.0, help="seconds the load trains before the first start")
     ap.add_argument("--out", type=Path, default=None, help="working directory (default: a temporary one)")
+    ap.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=True,
+                    help="each process on an equal share of the cores, as the testnet (default on)")
     args = ap.parse_args()
+    pins, cpus = pinning(args.load + 1, args.pin_cpus)
+    prefix = (lambda i: list(pins[i])) if pins else (lambda i: [])
     root = args.out or Path(tempfile.mkdtemp(prefix="restart-load-"))
     root.mkdir(parents=True, exist_ok=True)
     env = node_env(root / "jax-cache")
@@ -77,16 +84,17 @@ def main() -> None:
             log = open(root / f"load-{i}.log", "w")  # noqa: SIM115 - closed with the process
             argv = node_argv(root / f"load-{i}.key", root / f"load-{i}", args.inner_steps,
                              None if i == 0 else founder, founder if i == 0 else "127.0.0.1:0")
-            procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+            procs.append((subprocess.Popen(prefix(i) + argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
             if i == 0:
                 time.sleep(3.0)  # the founder listens before the joiners dial it
         if args.load:
             time.sleep(args.settle_s)
         peers = founder if args.load else None
-        print(f"{args.load} nodes training beside the measured one; marks: wall s / CPU s since its start")
+        print(f"{args.load} nodes training beside the measured one; CPU: {cpus}; marks: wall s / CPU s since its start")
         for n in range(args.repeat):
-            marks = measure_start(node_argv(root / "measured.key", root / "measured", args.inner_steps, peers,
-                                            "127.0.0.1:0"), env, timeout_s=300.0)
+            marks = measure_start(prefix(args.load) + node_argv(root / "measured.key", root / "measured",
+                                                                args.inner_steps, peers, "127.0.0.1:0"),
+                                  env, timeout_s=300.0)
             kind = "first start" if n == 0 else "restart from its checkpoint"
             print(f"  {kind}: " + ", ".join(f"{m} {w:.1f} / {c:.2f}" for m, (w, c) in marks.items()), flush=True)
     finally:

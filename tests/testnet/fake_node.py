@@ -84,7 +84,7 @@ def main():
                 "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
                 "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
                 "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
-                "started_at": started, "first_update_at": started}
+                "started_at": started, "first_update_at": started, "cpus": sorted(os.sched_getaffinity(0))}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
