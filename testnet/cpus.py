@@ -3,9 +3,14 @@
 The islands of a real run do not share hardware; a testnet packs N of them on one machine, and then the
 kernel shares the cores by thread, not by node: a training node's XLA thread pool (one thread per core it
 may use) outweighs a node that is starting or restarting on one Python thread. Beside five trainers on 2
-cores a restart ran at ~0.24 of a core (launch to LISTENING 6.2 s for 1.5 s of CPU), where an equal share is
-1/3 (BENCHMARKS.md, session 22). Pinned, every node gets the same slice whatever its threads, and JAX sizes
-its thread pool by the slice (the affinity mask), so trainers stop contending for cores they share.
+cores a restart ran at ~0.23 of a core (launch to LISTENING 8.6 s for 2.0 s of CPU), where an equal share is
+1/3; pinned, 0.30 (5.1 s for 1.5 s; BENCHMARKS.md, session 22). Pinned, every node gets the same slice
+whatever its threads, and JAX sizes its thread pool by the slice (the affinity mask), so trainers stop
+contending for cores they share.
+
+What pinning does not model either: a node that is down or sleeps (`--slow`) leaves its slice to the nodes
+on the same cores only, which then train faster than the rest (unpinned, every node speeds up a little).
+Real islands do not speed up when another one dies.
 
 Slices are equal or not made: with `nodes` dividing the cores each node gets `cores/nodes` of its own;
 with the cores dividing `nodes`, `nodes/cores` nodes share each core; otherwise (3 nodes on 2 cores) one
