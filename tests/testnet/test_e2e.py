@@ -5,7 +5,7 @@ quiescence, the restarted node rejoined.
 Quiescence is exact: every node runs `--max-rounds 40`, so it drains (waits for its peers) and prints
 STOPPED; all three must stop with the same ledger and parameter digests, the restarted one included.
 The kill comes 25 s after every node first trained (a plan with faults counts from then, `run.json`'s
-`t_plan`), well inside the ~60 s of training. About 80 s on 2 cores; skipped while
+`t_plan`), well inside the ~60 s of training. 90 s on 2 cores (166 s on a day this machine ran at half pace); skipped while
 `node.cli` does not exist."""
 
 from __future__ import annotations
