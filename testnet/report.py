@@ -30,6 +30,12 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   fractions of the processes' wall time from start to last sample; `other` is the rest (start-up
   before the node's clock began, thread hops, the loop between rounds); phases ending in `_bg` ran in
   the background, alongside the others, and are not subtracted.
+- slot fill (`slots`): of the peers' updates each node added, the share that arrived after the slot they
+  were made for had closed there (`folded-late`, or `applied-stale` when that slot had left the window),
+  from each process's last `/status` `ledger_outcomes` (per process; the node's own updates, always in
+  their slot, left out: `applied-open` + `held-future` − `updates_published`). A late update is folded in
+  exactly, but each one costs every node a pass over the model, and until it lands the slot's outer step
+  lacks it.
 - outcome: the verdict of `testnet.outcome` (did the run fail, which nodes failed and why).
 - held-out loss against data-parallel (`quality.at_equal_tokens`, `quality.at_equal_wall_time`; see
   `testnet.quality`): at equal tokens against the measured baseline; at equal wall time against
@@ -142,6 +148,25 @@ def _memory(tl: Timeline) -> dict[str, Any]:
                 peaks[str(node)] = peak
     return {"peak_rss_bytes": dict(sorted(peaks.items(), key=lambda kv: int(kv[0]))),
             "basis": "each process's ru_maxrss at its last /status poll (a peak after it is not seen)"}
+
+
+def _slot_fill(tl: Timeline) -> dict[str, Any]:
+    """Peers' updates that missed their slot at each node (module doc, "slot fill"); None without outcomes."""
+    on_time: Counter[int] = Counter()
+    late: Counter[int] = Counter()
+    for (node, _), inc in tl.incs.items():
+        outcomes = inc.last.get("ledger_outcomes")
+        if not isinstance(outcomes, dict):
+            continue
+        count = Counter({str(k): int(v) for k, v in outcomes.items() if isinstance(v, int)})
+        own = int(inc.last.get("updates_published") or 0)
+        on_time[node] += max(0, count["applied-open"] + count["held-future"] - own)
+        late[node] += count["folded-late"] + count["applied-stale"]
+    nodes = sorted(set(on_time) | set(late))
+    share = {str(n): _round(late[n] / (late[n] + on_time[n])) if late[n] + on_time[n] else None for n in nodes}
+    total = sum(late.values()) + sum(on_time.values())
+    return {"late_share": _round(sum(late.values()) / total) if total else None, "late_share_per_node": share,
+            "late": sum(late.values()) if nodes else None, "peer_updates": total if nodes else None}
 
 
 def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool | None]:
@@ -332,6 +357,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
                     "at_equal_tokens": _rounded(equal_tokens), "at_equal_wall_time": _rounded(equal_time)},
         "loss_after_restarts": loss_after_restarts(tl, [n for n in honest if n not in killed]),
         "memory": _memory(tl),
+        "slots": _slot_fill(tl),
         "curves": curves,
     }
 

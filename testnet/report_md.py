@@ -36,6 +36,19 @@ def _memory_cell(memory: dict[str, Any] | None) -> str:
     return ", ".join(f"node {k}: {v / 2**30:.2f} GiB" for k, v in peaks.items()) or "n/a"
 
 
+def _late_cell(slots: dict[str, Any] | None) -> str:
+    share = (slots or {}).get("late_share")
+    return "n/a" if share is None else f"{share:.0%}"
+
+
+def _late_detail(slots: dict[str, Any] | None) -> str:
+    slots = slots or {}
+    per_node = ", ".join(f"node {k}: {_fmt(v, '.0%')}" for k, v in (slots.get("late_share_per_node") or {}).items())
+    counted = "" if slots.get("peer_updates") is None else f"{slots['late']} of {slots['peer_updates']}; "
+    return (f"peers' updates that reached a node after the slot they were made for had closed there ({counted}"
+            f"{per_node or 'n/a'}): folded in exactly, but each costs every node a pass over the model")
+
+
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -154,6 +167,7 @@ def _rows(fig: dict[str, Any]) -> list[tuple[str, str, str]]:
          f"{_fmt(q['late_mean_bpb'])}"),
         ("tokens trained", _fmt(fig["throughput"]["total_tokens"], ","), "all nodes together (measured)"),
         ("peak memory per node (RSS)", _memory_cell(fig.get("memory")), "the most each node's processes reported"),
+        ("updates that missed their slot", _late_cell(fig.get("slots")), _late_detail(fig.get("slots"))),
     ]
 
 

@@ -267,3 +267,19 @@ def test_a_round_published_by_a_stop_counts_in_goodput_but_adds_no_training_time
     assert fig["overlap"]["network_steps_per_s"]["0"] == 7.5, "120 steps in 16 s, as without the stop's sample"
     comm = fig["communication"]  # the stop's update: its bytes and its steps
     assert comm["bytes_sent"] == 7000 + 1750 + 2000 and comm["inner_steps"] == 150 + 35 + 40
+
+
+def test_updates_that_missed_their_slot_are_counted_per_node_without_the_nodes_own() -> None:
+    rec = record()
+    last = {(row["node"], row["inc"]): row for row in rec.samples if "status" in row}  # each process's last sample
+    outcomes = {(0, 0): ({"applied-open": 10, "folded-late": 3, "held-future": 1}, 5),  # 6 of its peers' in time
+                (1, 0): ({"applied-open": 4, "applied-stale": 1}, 2),  # 2 in time, 1 late
+                (1, 1): ({"applied-open": 3, "folded-late": 1}, 1)}  # 2 in time, 1 late
+    for key, (counts, published) in outcomes.items():
+        last[key]["status"].update(ledger_outcomes=counts, updates_published=published)
+    slots = compute(rec)["slots"]
+    assert slots["late_share_per_node"] == {"0": round(3 / 9, 4), "1": round(2 / 6, 4)}
+    assert (slots["late"], slots["peer_updates"], slots["late_share"]) == (5, 15, round(5 / 15, 4))
+    md = to_markdown(compute(rec))
+    assert "| updates that missed their slot | 33% | " in md and "(5 of 15; node 0: 33%, node 1: 33%)" in md
+    assert "| updates that missed their slot | n/a |" in to_markdown(compute(record()))
