@@ -125,6 +125,10 @@ def bench_goodput(a: argparse.Namespace) -> None:
     if joins:
         print(f"restarted processes, start -> first contributed update: median {np.median(joins):.1f} s "
               f"(min {min(joins):.1f}, max {max(joins):.1f}, {len(joins)} processes)")
+    slots = r.get("slots") or {}
+    if slots.get("late_share") is not None:
+        print(f"peers' updates that missed their slot (folded in late): {slots['late_share']:.1%} "
+              f"({slots['late']} of {slots['peer_updates']})")
     rec = r["recovered"]
     if rec["rounds"] is not None:
         print(f"rounds in flight at a kill, published by the next process: {rec['rounds']} "
