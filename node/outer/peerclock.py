@@ -53,10 +53,9 @@ class PeerRoundClock:
 
     def due(self, now: float, until: float) -> int:
         """How many peers may publish between `now` and `until`: those whose next update (the last one
-        plus their round time) falls in [now − half a round, until + twice their spread, at most half a round] — one overdue
-        by more is late or gone; the spread is how far their rounds have strayed from the expected time, so
-        a peer whose next update is expected just past `until` but may well come before it is waited for
-        (one long gap, a restart, widens it by half a round at most) —,
+        plus their round time) falls in [now − half a round, until + twice their spread] — one overdue by
+        more is late or gone; the spread is how far their rounds have strayed from the expected time, so a
+        peer whose next update is expected just past `until` but may well come before it is waited for —,
         and those seen once, recently (their round time is not known yet)."""
         typical = self.target_seconds()
         n = 0
@@ -64,6 +63,6 @@ class PeerRoundClock:
             interval = self._interval.get(origin)
             if interval is None:
                 n += typical is None or now - last <= 2 * typical
-            elif now - 0.5 * interval <= last + interval <= until + min(2.0 * self._spread.get(origin, 0.0), 0.5 * interval):
+            elif now - 0.5 * interval <= last + interval <= until + 2.0 * self._spread.get(origin, 0.0):
                 n += 1
         return n
