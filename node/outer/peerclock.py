@@ -25,7 +25,6 @@ class PeerRoundClock:
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
         self._interval: dict[str, float] = {}
-        self._spread: dict[str, float] = {}  # smoothed |interval − the smoothed interval before it|
         self._full_round: dict[str, float] = {}
 
     def observe(self, origin: str, published_at: float, steps: int | None = None,
@@ -37,10 +36,8 @@ class PeerRoundClock:
             return
         self._last[origin] = published_at
         if last is not None:
-            interval, expected = published_at - last, self._interval.get(origin)
-            if expected is not None:
-                self._spread[origin] = _smoothed(self._spread.get(origin), abs(interval - expected))
-            self._interval[origin] = _smoothed(expected, interval)
+            interval = published_at - last
+            self._interval[origin] = _smoothed(self._interval.get(origin), interval)
             scale = full_steps / steps if steps and full_steps and 0 < steps < full_steps else 1.0
             self._full_round[origin] = _smoothed(self._full_round.get(origin), interval * scale)
 
@@ -53,16 +50,14 @@ class PeerRoundClock:
 
     def due(self, now: float, until: float) -> int:
         """How many peers may publish between `now` and `until`: those whose next update (the last one
-        plus their round time) falls in [now − half a round, until + twice their spread] — one overdue by
-        more is late or gone; the spread is how far their rounds have strayed from the expected time, so a
-        peer whose next update is expected just past `until` but may well come before it is waited for —,
-        and those seen once, recently (their round time is not known yet)."""
+        plus their round time) falls in [now − half a round, until] — one overdue by more is late or
+        gone —, and those seen once, recently (their round time is not known yet)."""
         typical = self.target_seconds()
         n = 0
         for origin, last in self._last.items():
             interval = self._interval.get(origin)
             if interval is None:
                 n += typical is None or now - last <= 2 * typical
-            elif now - 0.5 * interval <= last + interval <= until + 2.0 * self._spread.get(origin, 0.0):
+            elif now - 0.5 * interval <= last + interval <= until:
                 n += 1
         return n
