@@ -151,7 +151,8 @@ def _memory(tl: Timeline) -> dict[str, Any]:
 
 
 def _slot_fill(tl: Timeline) -> dict[str, Any]:
-    """Peers' updates that missed their slot at each node (module doc, "slot fill"); None without outcomes."""
+    """Peers' updates that missed their slot at each node (module doc, "slot fill"); each figure None when no
+    process reported its ledger outcomes."""
     on_time: Counter[int] = Counter()
     late: Counter[int] = Counter()
     for (node, _), inc in tl.incs.items():
