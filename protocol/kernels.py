@@ -53,9 +53,9 @@ def _warm(jit: ModuleType) -> None:
     f32 = np.zeros(2, np.float32)
     bits, packed = np.zeros(1, np.uint16), np.zeros(1, np.uint8)
     jit.quantize_int4(f32, bits, packed)
-    jit.decode_int4(ro(packed), ro(bits), jit.LEVELS_4, f32)
-    for x in (f32, _NO_OUTPUT):
-        jit.decode_int4_add(ro(packed), ro(bits), jit.LEVELS_4, f64, one, True, x)
+    jit.decode_int4(ro(packed), ro(bits), f32)
+    for x in (f32, f64, _NO_OUTPUT):
+        jit.decode_int4_add(ro(packed), ro(bits), f64, one, True, x)
     for x in (f32, ro(f32)):
         jit.accumulate_term(f64, x, one, True)
         for u in (f32.copy(), f64.copy()):
@@ -83,15 +83,15 @@ def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, out: np.ndarray) -> 
     nibble first) and ``s`` the float32 value of block ``k // BLOCK_SIZE``'s bf16 pattern in the uint16
     ``scale_bits``. False when it did not decode (numpy passes in use, or a scale a decoder refuses): the
     caller's numpy path (``protocol.compression.tensors``) then decodes, or gives the reason."""
-    return compiled() and _jit().decode_int4(packed, scale_bits, _jit().LEVELS_4, out) < 0
+    return compiled() and _jit().decode_int4(packed, scale_bits, out) < 0
 
 
 def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c: float, first: bool,
                     x: np.ndarray | None = None) -> bool:
-    """:func:`decode_int4` of ``u.size`` values and :func:`accumulate_term` of them into ``u`` in one loop
-    (each decoded value also written into the float32 ``x`` when given). False when it did not run (numpy
-    passes in use, or a scale a decoder refuses: nothing was written)."""
-    return compiled() and _jit().decode_int4_add(packed, scale_bits, _jit().LEVELS_4, u, _F64(c), first,
+    """:func:`decode_int4` of ``u.size`` values and :func:`accumulate_term` of them into ``u``, block by block
+    (each decoded value also written into ``x`` when given: float32, or float64 holding the same values).
+    False when it did not run (numpy passes in use, or a scale a decoder refuses: nothing was written)."""
+    return compiled() and _jit().decode_int4_add(packed, scale_bits, u, _F64(c), first,
                                                  _NO_OUTPUT if x is None else x) < 0
 
 

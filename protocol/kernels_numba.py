@@ -12,8 +12,6 @@ from protocol.compression.formats import BLOCK_SIZE
 
 #: bf16 bits of the largest int4 block scale a decoder accepts.
 _MAX_SCALE_BITS_4 = max_scale_bits(4)
-#: The sixteen 4-bit levels ``u − 7.5``, exact in float32.
-LEVELS_4 = np.arange(16, dtype=np.float32) - np.float32(7.5)
 
 
 @njit(nogil=True, cache=True)
@@ -37,26 +35,23 @@ def _scale(bits: int) -> np.float32:
     return np.float32(0.0) if bits == 0 else np.float32(math.ldexp(1.0 + (bits & 127) / 128.0, (bits >> 7) - 127))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _level(code: int) -> np.float32:
+    """The level of a 4-bit code, ``code − 7.5`` (exact in float32): computed, not looked up in a table, so
+    that the loop over a block has no gather and vectorises."""
+    return np.float32(code) - np.float32(7.5)
+
+
 @njit(nogil=True, cache=True)
-def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, out: np.ndarray) -> int:
+def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, out: np.ndarray) -> int:
     n = out.size
-    half = BLOCK_SIZE // 2
     refused = _first_refused_scale(scale_bits, packed, n)  # checked first: a refused span leaves ``out`` unwritten
     if refused >= 0:
         return refused
     for b in range((n + BLOCK_SIZE - 1) // BLOCK_SIZE):
-        s = _scale(np.int64(scale_bits[b]))
-        first = b * BLOCK_SIZE
-        if first + BLOCK_SIZE <= n:
-            byte0 = b * half
-            for j in range(half):
-                byte = np.int64(packed[byte0 + j])
-                out[first + 2 * j] = levels[byte & 15] * s
-                out[first + 2 * j + 1] = levels[byte >> 4] * s
-        else:
-            for k in range(first, n):
-                byte = np.int64(packed[k >> 1])
-                out[k] = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
+        start = b * BLOCK_SIZE
+        m = min(BLOCK_SIZE, n - start)
+        _decode_block(packed, _scale(np.int64(scale_bits[b])), start, m, out[start:start + m])
     return -1
 
 
@@ -139,34 +134,41 @@ def quantize_int4(x: np.ndarray, scale_bits: np.ndarray, packed: np.ndarray) -> 
 
 
 @njit(nogil=True, cache=True)
-def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, levels: np.ndarray, u: np.ndarray, c: float,
-                    first: bool, x: np.ndarray) -> int:
+def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c: float, first: bool,
+                    x: np.ndarray) -> int:
     n = u.size
-    half = BLOCK_SIZE // 2
     keep = x.size == n
     refused = _first_refused_scale(scale_bits, packed, n)  # checked first: a refused span writes nothing
     if refused >= 0:
         return refused
+    block = np.empty(BLOCK_SIZE, dtype=np.float32)
     for b in range((n + BLOCK_SIZE - 1) // BLOCK_SIZE):
-        s = _scale(np.int64(scale_bits[b]))
         start = b * BLOCK_SIZE
-        if start + BLOCK_SIZE <= n:  # two values per byte, as decode_int4
-            for j in range(half):
-                byte = np.int64(packed[b * half + j])
-                k = start + 2 * j
-                lo, hi = levels[byte & 15] * s, levels[byte >> 4] * s
-                if keep:
-                    x[k], x[k + 1] = lo, hi
-                if first:
-                    u[k], u[k + 1] = np.float64(lo) * c, np.float64(hi) * c
-                else:
-                    u[k] += np.float64(lo) * c
-                    u[k + 1] += np.float64(hi) * c
+        m = min(BLOCK_SIZE, n - start)
+        _decode_block(packed, _scale(np.int64(scale_bits[b])), start, m, block)
+        # one loop per case, each without a branch inside: they vectorise
+        if keep:
+            for k in range(m):
+                x[start + k] = block[k]
+        if first:
+            for k in range(m):
+                u[start + k] = np.float64(block[k]) * c
         else:
-            for k in range(start, n):
-                byte = np.int64(packed[k >> 1])
-                xk = levels[(byte >> 4) if k & 1 else (byte & 15)] * s
-                if keep:
-                    x[k] = xk
-                u[k] = np.float64(xk) * c if first else u[k] + np.float64(xk) * c
+            for k in range(m):
+                u[start + k] += np.float64(block[k]) * c
     return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _decode_block(packed: np.ndarray, s: np.float32, start: int, m: int, out: np.ndarray) -> None:
+    """The ``m`` values of the block from element ``start`` (a multiple of the block size) into ``out``."""
+    if m == BLOCK_SIZE:  # two values per byte, as decode_int4
+        byte0 = start // 2
+        for j in range(BLOCK_SIZE // 2):
+            byte = np.int64(packed[byte0 + j])
+            out[2 * j] = _level(byte & 15) * s
+            out[2 * j + 1] = _level(byte >> 4) * s
+    else:
+        for k in range(m):
+            byte = np.int64(packed[(start + k) >> 1])
+            out[k] = _level((byte >> 4) if k & 1 else (byte & 15)) * s

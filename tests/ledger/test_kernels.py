@@ -228,14 +228,17 @@ def test_a_ledger_on_the_compiled_passes_ends_in_the_bits_of_one_on_numpy():
         assert all(same_bits(mine[k], theirs[k]) for k in theirs)
 
 
+@pytest.mark.parametrize("x_dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [1, 65, 4097, 65536])
-def test_decoding_while_adding_gives_the_decode_and_the_sum_of_the_numpy_passes(n, path):
+def test_decoding_while_adding_gives_the_decode_and_the_sum_of_the_numpy_passes(n, x_dtype, path):
+    """The decoded values written into ``x`` (float32, or float64 as the direction screen's pass keeps them)
+    and the sum are the numpy passes', bit for bit."""
     rng = np.random.default_rng(200 + n)
     payloads = [encode_tensors({"t": drawn(rng, n)}, Codec.INT4) for _ in range(3)]
     cs = [float(c) for c in rng.lognormal(0, 3, 3)]
     fused, reference = np.empty(n), np.empty(n)
     for k, (data, c) in enumerate(zip(payloads, cs)):
-        x = np.empty(n, dtype=np.float32)
+        x = np.empty(n, dtype=x_dtype)
         scale_bits, packed = _blockwise_parts(Codec.INT4, memoryview(data), 0, n, "t", 0, n)
         ran = kernels.decode_int4_add(packed, scale_bits, fused, c, k == 0, x)
         assert ran is (path == "compiled")
@@ -247,4 +250,4 @@ def test_decoding_while_adding_gives_the_decode_and_the_sum_of_the_numpy_passes(
             np.multiply(decoded, np.float64(c), out=reference, dtype=np.float64)
         else:
             reference += np.multiply(decoded, np.float64(c), dtype=np.float64)
-        assert same_bits(x, decoded) and same_bits(fused, reference)
+        assert same_bits(x, decoded.astype(x.dtype)) and same_bits(fused, reference)
