@@ -1,7 +1,10 @@
 """Updates whose blob is not here yet, and who can serve each blob. A small pure class of the router.
 
 Contract:
-- at most one fetch per blob is in flight (`fetching`), so a node downloads each blob once;
+- at most one fetch per blob is in flight (`fetching`), so a node downloads each blob once: a fetch
+  from a peer that disconnects stays in flight until it reports its end (`done`, `failed`), for the
+  blob comes over its own HTTP connection, which may well finish after the gossip connection went
+  silent (a killed holder resets it at once; a vanished one fails at the client's rate floor);
 - at most `per_holder` fetches are in flight from one peer: a blob whose holders are all that busy
   waits, and starts when one of their fetches ends (`done`, `failed`) or at the next `retry`. A tarpit
   (a holder that trickles its bytes) so never takes every download slot of the host;
@@ -102,13 +105,11 @@ class PendingBlobs:
         return entry, self._waiting_for(self._stop(entry), connected)
 
     def drop_peer(self, peer: str) -> None:
-        """`peer` disconnected: it can no longer serve anything (a running fetch will fail)."""
+        """`peer` disconnected: it is no longer a holder to try. A fetch from it that is in flight stays
+        so (and counted against it) until it reports its end: if it finishes, the blob came once."""
         for entry in self._by_blob.values():
-            if entry.fetching == peer:
-                entry.fetching = None
             if peer in entry.holders:
                 entry.holders.remove(peer)
-        self._in_flight.pop(peer, None)
         self._slow_until.pop(peer, None)
 
     def retry(self, now: float, ttl: float, connected: Collection[str]) -> list[Fetch]:

@@ -176,7 +176,7 @@ class Router:
         self.peers.pop(peer, None)
         self.mesh.discard(peer)
         self.mcache.forget_peer(peer)
-        self.pending.drop_peer(peer)  # a running fetch from it will fail; that late report is ignored
+        self.pending.drop_peer(peer)  # a running fetch from it stays the blob's until it reports its end
 
     # ---- frames -----------------------------------------------------------------------------------
 

@@ -255,9 +255,10 @@ def test_pending_blobs_fetch_one_holder_at_a_time_and_skip_bad_ones() -> None:
     assert pending.holder("b1", "p", connected) == []  # a bad holder is never taken back
     assert pending.failed("b1", "q", bad=False, connected=connected) == []  # nobody left for now
     assert pending.retry(now=1.0, ttl=100.0, connected=connected) == [Fetch("q", "b1", 10)]
-    pending.drop_peer("q")
-    assert pending.get("b1").fetching is None and pending.get("b1").holders == []
-    assert pending.holder_of_message(message.message_id, "r", connected) == [Fetch("r", "b1", 10)]
+    pending.drop_peer("q")  # its fetch (over its own connection) is still in flight: nobody else is asked
+    assert pending.get("b1").fetching == "q" and pending.get("b1").holders == []
+    assert pending.holder_of_message(message.message_id, "r", connected) == []
+    assert pending.failed("b1", "q", bad=False, connected=connected) == [Fetch("r", "b1", 10)]
     assert pending.done("b1", set())[0].blob == "b1" and "b1" not in pending
     pending.add(message, "b2", 5, now=0.0)
     assert pending.retry(now=200.0, ttl=100.0, connected=connected) == [] and len(pending) == 0
@@ -284,8 +285,28 @@ def test_pending_blobs_take_at_most_per_holder_fetches_from_one_peer_and_start_t
     assert pending.holder("b5", "slow", connected) == []
     entry, started = pending.done("b2", connected)
     assert entry.blob == "b2" and started == [Fetch("slow", "b5", 10)]
-    pending.drop_peer("slow")  # its running fetches will fail; their late reports change nothing
+    pending.drop_peer("slow")  # its running fetches stay in flight until they report; nobody else holds b4, b5
     assert pending.failed("b4", "slow", bad=False, connected=connected) == []
+    assert pending.get("b4").fetching is None and pending.get("b5").fetching == "slow"
+
+
+def test_a_fetch_from_a_peer_that_disconnects_mid_download_is_the_only_one_until_it_ends() -> None:
+    """The gossip connection to the holder being fetched from drops (silence, congestion) while its blob
+    still comes over HTTP: another holder is not asked meanwhile (the blob would come twice), and the
+    download that finishes ends the wait; one that fails hands over to the next holder."""
+    from protocol.gossip import Fetch, PendingBlobs
+
+    message = _goodbye(Identity.from_seed(b"\x02" * 32), 1)
+    pending = PendingBlobs()
+    for blob in ("b1", "b2"):
+        pending.add(message, blob, 10, now=0.0)
+        assert pending.holder(blob, "p", {"p", "q"}) == [Fetch("p", blob, 10)]
+        assert pending.holder(blob, "q", {"p", "q"}) == []
+    pending.drop_peer("p")
+    assert pending.retry(now=1.0, ttl=100.0, connected={"q"}) == []  # still in flight from "p"
+    entry, started = pending.done("b1", {"q"})
+    assert entry.blob == "b1" and started == []  # it came, once
+    assert pending.failed("b2", "p", bad=False, connected={"q"}) == [Fetch("q", "b2", 10)]
 
 
 def test_pending_blobs_try_a_holder_that_was_too_slow_after_every_other_one_until_its_mark_expires() -> None:
