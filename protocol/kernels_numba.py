@@ -42,6 +42,21 @@ def _level(code: int) -> np.float32:
     return np.float32(code) - np.float32(7.5)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _decode_block(packed: np.ndarray, s: np.float32, start: int, m: int, out: np.ndarray) -> None:
+    """The ``m`` values of the block from element ``start`` (a multiple of the block size) into ``out``."""
+    if m == BLOCK_SIZE:  # two values per byte, as decode_int4
+        byte0 = start // 2
+        for j in range(BLOCK_SIZE // 2):
+            byte = np.int64(packed[byte0 + j])
+            out[2 * j] = _level(byte & 15) * s
+            out[2 * j + 1] = _level(byte >> 4) * s
+    else:
+        for k in range(m):
+            byte = np.int64(packed[(start + k) >> 1])
+            out[k] = _level((byte >> 4) if k & 1 else (byte & 15)) * s
+
+
 @njit(nogil=True, cache=True)
 def decode_int4(packed: np.ndarray, scale_bits: np.ndarray, out: np.ndarray) -> int:
     n = out.size
@@ -158,17 +173,3 @@ def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c
                 u[start + k] += np.float64(block[k]) * c
     return -1
 
-
-@njit(nogil=True, cache=True, inline="always")
-def _decode_block(packed: np.ndarray, s: np.float32, start: int, m: int, out: np.ndarray) -> None:
-    """The ``m`` values of the block from element ``start`` (a multiple of the block size) into ``out``."""
-    if m == BLOCK_SIZE:  # two values per byte, as decode_int4
-        byte0 = start // 2
-        for j in range(BLOCK_SIZE // 2):
-            byte = np.int64(packed[byte0 + j])
-            out[2 * j] = _level(byte & 15) * s
-            out[2 * j + 1] = _level(byte >> 4) * s
-    else:
-        for k in range(m):
-            byte = np.int64(packed[(start + k) >> 1])
-            out[k] = _level((byte >> 4) if k & 1 else (byte & 15)) * s
