@@ -172,4 +172,3 @@ def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c
             for k in range(m):
                 u[start + k] += np.float64(block[k]) * c
     return -1
-

@@ -39,7 +39,7 @@ late update's term alone in a kept sum, ``protocol.ledger.slot.LiveSlot`` from o
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
