@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from node.island.bytelm import byte_lm_task
 from node.island.config import Config, ConfigError, preset
