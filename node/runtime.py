@@ -313,7 +313,8 @@ class NodeRuntime:
         self.upkeep = BetweenRounds(
             settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
             stats=self.stats, heldout=self.heldout, checkpoints=self.checkpoints, blobs=self.blobs)
-        self.blobs.pinned = self._resume_blobs  # until a newer checkpoint is written, the one resumed from counts
+        self.host.store.keep(self._resume_blobs)  # until a newer checkpoint is written, the one resumed from counts
+        self.blobs.pinned = self._resume_blobs
         self.state_server.replica = self.replica
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"

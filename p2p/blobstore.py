@@ -8,6 +8,11 @@ Contract:
   writes release the GIL); one writer is used by one task at a time.
 - All methods here are blocking file I/O; async callers run the slow ones through
   `trio.to_thread.run_sync`.
+- Removal respects readers: a task that will read blobs by path (a state download between its fetch and
+  its load, a checkpoint that refers to them) `keep`s them first. A `remove` of a kept blob hides it at
+  once (`has` is False, it is no longer served) and deletes the file when the last keeper `release`s it,
+  unless the blob was stored again meanwhile. So a path obtained while a blob is kept stays readable
+  until the release, whoever removes the blob (the blob clean-up, a failed download).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import hashlib
 import os
 import re
 import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
@@ -41,8 +49,10 @@ class BlobStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below and the renames and deletions of blob files
         self._sizes: dict[str, int] = {}
+        self._keepers: Counter[str] = Counter()  # blob → how many `keep` it (stored or not)
+        self._doomed: set[str] = set()  # removed while kept: hidden, deleted at the last release
         for entry in self.directory.iterdir():
             if _HEX64.fullmatch(entry.name):
                 self._sizes[entry.name] = entry.stat().st_size
@@ -59,9 +69,10 @@ class BlobStore:
             return self._sizes[h]
 
     def path(self, h: str) -> Path:
-        """Path of a stored blob; KeyError if absent. The file is complete and verified."""
+        """Path of a stored blob, or of one removed while kept (its file stays until the release); KeyError
+        if neither. The file is complete and verified."""
         with self._lock:
-            if h not in self._sizes:
+            if h not in self._sizes and h not in self._doomed:
                 raise KeyError(h)
         return self.directory / h
 
@@ -113,16 +124,48 @@ class BlobStore:
         return BlobWriter(self, h, size)
 
     def _publish(self, h: str, part: Path, size: int) -> None:
-        os.replace(part, self.directory / h)
         with self._lock:
+            os.replace(part, self.directory / h)
             self._sizes[h] = size
+            self._doomed.discard(h)
 
     def remove(self, h: str) -> None:
-        """Forget and delete a blob (e.g. an old snapshot). Absent blobs are ignored."""
+        """Forget and delete a blob (e.g. an old snapshot). Absent blobs are ignored; a kept one is hidden
+        now and deleted at its last release (module docstring)."""
         with self._lock:
-            present = self._sizes.pop(h, None) is not None
-        if present:
-            (self.directory / h).unlink(missing_ok=True)
+            if self._sizes.pop(h, None) is None:
+                return
+            if self._keepers[h]:
+                self._doomed.add(h)
+            else:
+                (self.directory / h).unlink(missing_ok=True)
+
+    def keep(self, names: Iterable[str]) -> None:
+        """Keep the files of blobs `names` until `release` (module docstring); names not stored yet may be
+        kept too (a blob being fetched). Each `keep` needs its own `release`."""
+        with self._lock:
+            self._keepers.update(names)
+
+    def release(self, names: Iterable[str]) -> None:
+        """End one `keep` of `names`; a blob removed meanwhile, and kept by nobody else now, is deleted."""
+        with self._lock:
+            for h in names:
+                self._keepers[h] -= 1
+                if self._keepers[h] <= 0:
+                    del self._keepers[h]
+                    if h in self._doomed:
+                        self._doomed.discard(h)
+                        (self.directory / h).unlink(missing_ok=True)
+
+    @contextmanager
+    def kept(self, names: Iterable[str]) -> Iterator[None]:
+        """`keep` `names` while the block runs."""
+        names = list(names)
+        self.keep(names)
+        try:
+            yield
+        finally:
+            self.release(names)
 
 
 class BlobWriter:

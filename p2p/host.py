@@ -180,13 +180,17 @@ class Host:
     async def fetch_blob(self, name: str, size: int, peers: Sequence[str] | None = None) -> Path:
         """Download blob `name` (e.g. state listed in a manifest) from `peers` (default: every
         connected peer) in order until one serves the right bytes; it is then served onward.
-        Raises TransportError if nobody could."""
+        Raises TransportError if nobody could. The path stays readable only while the caller `keep`s the
+        blob in the store (`BlobStore.keep`): anyone may remove it once this returns."""
         if self.store.has(name):
             return self.store.path(name)
         candidates = list(peers) if peers is not None else sorted(self.router.peers)
         for peer in candidates:
             if await self._fetch_from(peer, name, size):
-                return self.store.path(name)
+                try:
+                    return self.store.path(name)
+                except KeyError:  # removed here while this task waited for the stored blob (not kept)
+                    raise TransportError(f"blob {name[:12]}: removed here as soon as it was fetched") from None
         raise TransportError(f"blob {name[:12]}: no peer of {len(candidates)} served it")
 
     def block(self, peers: Sequence[str], seconds: float) -> None:

@@ -14,7 +14,8 @@ working state taken with it (`working/theta/<name>`, `working/momentum/<name>`).
 node's blob store, where gossip put them (`payload_blob`; one held only in memory is put there): a checkpoint
 costs 16 bytes per parameter of outer state instead of a copy of the window's payloads, and a restart
 neither decodes nor copies them. The blob store keeps what the newest checkpoint refers to (`referenced_blobs`:
-`node.outer.upkeep.HeldBlobs` pins them, a restart spares them).
+`node.outer.upkeep.HeldBlobs` pins them, `BlobStore.keep` spares their files whoever removes them, a restart
+spares them).
 
 Restore (`restore_ledger`): every referenced payload blob must be in the store with its size and SHA-256
 (hashed on every core; a missing or damaged one makes the checkpoint unusable: `CheckpointError`), its
@@ -39,6 +40,7 @@ import numpy as np
 
 from node.checkpoint import Checkpoint, CheckpointDir, CheckpointError
 from node.outer.outer_files import map_blob, payload_blob, payloads_to_blobs
+from p2p.blobstore import blob_hex
 from protocol.compression import Codec, encode_tensors
 from protocol.errors import RemoteProtocolError
 from protocol.ledger import BottomStore, Ledger, LedgerConfig, LedgerSnapshot, Payload, PayloadDeltas, SnapshotEntry
@@ -63,6 +65,12 @@ class BlobStore(Protocol):
 
     def put(self, data: bytes | memoryview) -> str: ...
 
+    def has(self, h: str) -> bool: ...
+
+    def keep(self, names: Iterable[str]) -> None: ...
+
+    def release(self, names: Iterable[str]) -> None: ...
+
     def path(self, h: str) -> Path: ...
 
     def size(self, h: str) -> int: ...
@@ -71,7 +79,7 @@ class BlobStore(Protocol):
 @dataclass(frozen=True)
 class LedgerPart:
     """A checkpoint's ledger part, written (`encode_ledger_part`): its bytes, its `outer` arrays and the
-    payload blobs it refers to."""
+    payload blobs it refers to (kept in the blob store until the caller releases them)."""
 
     data: bytes
     outer: Arrays
@@ -81,21 +89,29 @@ class LedgerPart:
 def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], rows: Iterable[Row],
                        store: BlobStore, proofs: Mapping[bytes, UpdateProof] | None = None) -> LedgerPart:
     """The ledger part of a checkpoint of `snap` (and the working state and bottom rows taken with it:
-    `Replica.checkpoint_state`). A payload not mapped from the blob store (or an entry without one: its
-    float32 deltas, as fp32) is put into `store` first. Blocking."""
+    `Replica.checkpoint_state`). A payload not in the blob store (held only in memory, an entry without one:
+    its float32 deltas, as fp32, or mapped from a blob removed since) is put into `store` first. The part's
+    blobs are kept in `store` (`BlobStore.keep`) for the caller, who releases them once a newer checkpoint
+    has replaced this one (or this one was not written). Blocking."""
     blobs, norms = {}, []
-    for e in sorted(snap.entries, key=lambda e: e.meta.update_id):
-        if e.payload is not None:
-            codec, data = e.payload.codec, e.payload.data
-            name = payload_blob(e.payload) or store.put(data)
-        else:
-            codec, data = Codec.FP32, encode_tensors(dict(e.deltas), Codec.FP32)
-            name = store.put(data)
-        blobs[e.meta.update_id] = (codec, name, len(data))
-        # a ledger's entries keep the norms measured when they were checked; others are decoded once here
-        measured = isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None
-        entry_norms = e.deltas.norms if measured else PayloadDeltas.validated(Payload(codec, data), snap.shapes).norms
-        norms.append([e.meta.update_id, [float(entry_norms[n]) for n in sorted(snap.shapes)]])
+    kept: set[str] = set()
+    try:
+        for e in sorted(snap.entries, key=lambda e: e.meta.update_id):
+            if e.payload is not None:
+                codec, data = e.payload.codec, e.payload.data
+                name = _stored(store, data, payload_blob(e.payload), kept)
+            else:
+                codec, data = Codec.FP32, encode_tensors(dict(e.deltas), Codec.FP32)
+                name = _stored(store, data, None, kept)
+            blobs[e.meta.update_id] = (codec, name, len(data))
+            # a ledger's entries keep the norms measured when they were checked; others are decoded once here
+            measured = isinstance(e.deltas, PayloadDeltas) and e.deltas.norms is not None
+            entry_norms = (e.deltas.norms if measured
+                           else PayloadDeltas.validated(Payload(codec, data), snap.shapes).norms)
+            norms.append([e.meta.update_id, [float(entry_norms[n]) for n in sorted(snap.shapes)]])
+    except BaseException:
+        store.release(kept)
+        raise
     meta = StateMeta.of_snapshot(snap, blobs, BottomIndex.of_rows(rows), proofs)
     data = msgpack.packb({"format": FORMAT, "version": VERSION, "state": meta.to_bytes(), "norms": norms},
                          use_bin_type=True)
@@ -104,7 +120,19 @@ def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], row
              **{"bottom/momentum/" + n: a for n, a in snap.base_momentum.items()},
              **{"working/theta/" + n: a for n, a in theta.items()},
              **{"working/momentum/" + n: a for n, a in v.items()}}
-    return LedgerPart(data, outer, frozenset(name for _, name, _ in blobs.values()))
+    return LedgerPart(data, outer, frozenset(kept))
+
+
+def _stored(store: BlobStore, data: bytes | memoryview, name: str | None, kept: set[str]) -> str:
+    """The name of blob `data` (`name` if known), kept in `store` once (recorded in `kept`) and stored there
+    (again, if it was removed since it was mapped)."""
+    name = name or blob_hex(data)
+    if name not in kept:
+        store.keep([name])
+        kept.add(name)
+    if not store.has(name):
+        store.put(data)
+    return name
 
 
 def _decode_part(ckpt: Checkpoint) -> tuple[StateMeta, dict[bytes, list[float]]]:

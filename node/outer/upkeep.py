@@ -7,7 +7,8 @@ within its share of the time, checkpoints, and the clean-up of payload blobs.
   state is taken at once, between rounds, so its parts agree; the file is written in a worker thread, in the
   background while the next round trains; one write at a time, so the final checkpoint lands last.
 - `collect_garbage`: payload blobs (`HeldBlobs`) more than two windows below the slot are deleted, except
-  those the newest checkpoint refers to (a restart from it reads them: `node.outer.resume`).
+  those the newest checkpoint refers to (a restart from it reads them: `node.outer.resume`). Those are also
+  kept in the blob store (`BlobStore.keep`), so no other remover (a failed state download) deletes them.
 
 Threads: everything here runs on the trio thread, except the checkpoint writer, which replaces
 `HeldBlobs.pinned` whole (a reader sees the old or the new set, never a mix).
@@ -139,10 +140,16 @@ class BetweenRounds:
 
         def work() -> None:
             part = encode_ledger_part(snapshot, working, rows, store, proofs)  # the payloads stay in the blob store
-            blobs.pinned = blobs.pinned | part.blobs  # kept from the clean-up while the file is written
-            path = checkpoints.save(Checkpoint(meta, part.data, inner, feedback, part.outer))  # streamed
+            previous = blobs.pinned
+            blobs.pinned = previous | part.blobs  # spared by the clean-up while the file is written
+            path = None
+            try:
+                path = checkpoints.save(Checkpoint(meta, part.data, inner, feedback, part.outer))  # streamed
+            finally:  # written: what it needs is pinned and the older one's may go; else the older one counts
+                newest, released = (part.blobs, previous) if path is not None else (previous, part.blobs)
+                blobs.pinned = newest
+                store.release(released)
             if path is not None:
-                blobs.pinned = part.blobs  # what the newest checkpoint needs; the older ones' may go
                 log.info("checkpoint %s written (slot %d)", path.name, meta["slot"])
 
         def report() -> None:  # trio thread: the stats are read by /status

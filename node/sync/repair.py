@@ -102,22 +102,25 @@ async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
     wanted = [entries[i] for i in pull if not replica.has_seen(i)]
     if not wanted:
         return 0, ()
-    try:
-        paths, fetched = await fetch_payloads(host, wanted, [peer, *(p for p in host.connected_peers() if p != peer)])
-    except TransportError as exc:
-        log.info("repair from %s: %s", peer, exc)
-        return 0, ()
     added = 0
-    for entry in wanted:
-        if replica.has_seen(entry.meta.update_id):
-            continue
+    with host.store.kept(e.blob for e in wanted):  # readable until each is decoded (mapped)
         try:
-            deltas, payload = await trio.to_thread.run_sync(_decode, entry, paths[entry.blob], dict(replica.shapes))
-            await replica.add(entry.meta, deltas, payload, entry.proof)  # checked with the meta (fetch_meta)
-        except RemoteProtocolError as exc:
-            log.warning("repair from %s: update %s refused: %s", peer, entry.meta.update_id.hex()[:16], exc)
-            continue
-        added += 1
+            paths, fetched = await fetch_payloads(host, wanted, [peer, *(p for p in host.connected_peers()
+                                                                         if p != peer)])
+        except TransportError as exc:
+            log.info("repair from %s: %s", peer, exc)
+            return 0, ()
+        for entry in wanted:
+            if replica.has_seen(entry.meta.update_id):
+                continue
+            try:
+                deltas, payload = await trio.to_thread.run_sync(_decode, entry, paths[entry.blob],
+                                                                dict(replica.shapes))
+                await replica.add(entry.meta, deltas, payload, entry.proof)  # checked with the meta (fetch_meta)
+            except RemoteProtocolError as exc:
+                log.warning("repair from %s: update %s refused: %s", peer, entry.meta.update_id.hex()[:16], exc)
+                continue
+            added += 1
     return added, tuple(sorted({(e.meta.target_slot, e.blob) for e in wanted if e.blob in fetched}))
 
 

@@ -253,8 +253,9 @@ async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
         raise RemoteProtocolError(Reason.OVERSIZED, f"meta of {size} bytes")
     had = host.store.has(blob)
     try:
-        path = await host.fetch_blob(blob, size, [manifest.origin])
-        data = await trio.to_thread.run_sync(path.read_bytes)
+        with host.store.kept([blob]):
+            path = await host.fetch_blob(blob, size, [manifest.origin])
+            data = await trio.to_thread.run_sync(path.read_bytes)
     except OSError as exc:
         raise TransportError(f"meta {blob[:12]}: {exc}", peer=manifest.origin) from exc
     finally:
@@ -393,15 +394,17 @@ async def download_state(host: Host, manifests: Sequence[StateManifest], config:
                          download.resumed, len(download.pieces))
             await fetch_bottom(download, donors, host, per_donor=per_donor, on_piece=on_piece)
             others = [p for p in host.connected_peers() if p not in {d.peer for d in donors}]
-            paths, fetched = await fetch_payloads(host, meta.entries, [*(d.peer for d in donors), *others])
-            try:
-                ledger = await trio.to_thread.run_sync(load, meta, download, paths, manifest, config, shapes, bottom)
-            except RemoteProtocolError as exc:
-                forget(host, fetched)
-                host.counters.rejected(manifest.origin, exc.reason)
-                log.warning("refused the state of %s: %s", manifest.origin, exc)
-                failures.append(f"{manifest.origin}: {exc}")
-                continue
+            with host.store.kept(e.blob for e in meta.entries):  # readable until `load` has mapped them
+                paths, fetched = await fetch_payloads(host, meta.entries, [*(d.peer for d in donors), *others])
+                try:
+                    ledger = await trio.to_thread.run_sync(load, meta, download, paths, manifest, config, shapes,
+                                                           bottom)
+                except RemoteProtocolError as exc:
+                    forget(host, fetched)
+                    host.counters.rejected(manifest.origin, exc.reason)
+                    log.warning("refused the state of %s: %s", manifest.origin, exc)
+                    failures.append(f"{manifest.origin}: {exc}")
+                    continue
             await trio.to_thread.run_sync(download.remove)
         finally:
             download.release()

@@ -86,6 +86,25 @@ async def test_the_clean_up_spares_the_payloads_the_newest_checkpoint_refers_to(
     assert not store.has(pinned) and store.has(recent) and blobs.held == [(10, recent)]
 
 
+async def test_a_checkpoint_keeps_its_payload_blobs_until_a_newer_one_replaces_it(tmp_path: Path) -> None:
+    """Whoever removes a blob the newest checkpoint refers to (a failed state download that had fetched it),
+    its file stays until a newer checkpoint no longer needs it, so a restart never finds it missing."""
+    upkeep = make_upkeep(tmp_path)
+    meta = UpdateMeta(update_id=b"\x01" * 32, origin="q", base_slot=0, publish_slot=0, tokens=64, inner_steps=1)
+    await upkeep.replica.add(meta, {n: np.full(sh, 0.01, np.float32) for n, sh in SHAPES.items()})
+    upkeep.stats.round = 1
+    await upkeep.checkpoint()
+    (blob,) = upkeep.blobs.pinned  # the entry's fp32 deltas, put into the store
+    store = upkeep.host.store
+    store.remove(blob)
+    assert not store.has(blob) and (store.directory / blob).exists()
+    for _ in range(6):  # the entry leaves the window of 4
+        await upkeep.replica.close_open()
+    upkeep.stats.round = 2
+    await upkeep.checkpoint()
+    assert upkeep.blobs.pinned == frozenset() and not (store.directory / blob).exists()
+
+
 def test_evaluations_are_due_every_n_rounds_within_their_share_of_the_time(tmp_path: Path) -> None:
     upkeep = make_upkeep(tmp_path, eval_every=2, eval_budget=0.02)
     stats = upkeep.stats

@@ -100,3 +100,21 @@ def test_a_restart_keeps_the_blobs_its_checkpoint_refers_to(tmp_path: Path) -> N
     assert old in unreferenced and removed == len(unreferenced) and not (tmp_path / "blobs" / old).exists()
     assert all((tmp_path / "blobs" / b).exists() for b in blobs)
     restore_ledger(ckpt, CONFIG, SHAPES, MappedBottom(tmp_path / "b"), BlobStore(tmp_path / "blobs"))
+
+
+def test_a_checkpoint_refers_only_to_blobs_in_the_store_and_keeps_them_until_released(tmp_path: Path) -> None:
+    """A window payload whose blob was removed after it was mapped (a failed state download forgot what it had
+    fetched, while gossip brought the same update) is put back; every referenced blob is kept in the store, so
+    a removal before the next checkpoint cannot leave this one pointing at a missing file."""
+    store = BlobStore(tmp_path / "blobs")
+    led = busy_ledger(tmp_path, store)
+    gone = sorted(payload_blob(e.payload) for e in led.snapshot().entries if payload_blob(e.payload))[0]
+    store.remove(gone)
+    assert not (tmp_path / "blobs" / gone).exists()
+    part = encode_ledger_part(led.snapshot(), led.working_state(), led.bottom_rows(), store)
+    assert gone in part.blobs and all(store.has(b) for b in part.blobs), "put back from the mapped payload"
+    for blob in part.blobs:
+        store.remove(blob)  # the clean-up, or a failed download, while the checkpoint still counts
+    assert all((tmp_path / "blobs" / b).exists() for b in part.blobs)
+    store.release(part.blobs)  # a newer checkpoint replaced it
+    assert not any((tmp_path / "blobs" / b).exists() for b in part.blobs)

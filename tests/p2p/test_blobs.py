@@ -55,6 +55,33 @@ def test_store_verifies_before_publishing_and_cleans_up(tmp_path: Path) -> None:
     assert store.put_file(outside) == copied and list(tmp_path.glob("*.part")) == []
 
 
+def test_a_kept_blob_removed_meanwhile_stays_readable_until_its_last_keeper_releases_it(tmp_path: Path) -> None:
+    """A reader that holds a blob's path (a state download between fetch and load) keeps it; a removal by
+    someone else (the clean-up, a failed download) hides it at once and deletes the file at the last release,
+    unless the blob was stored again meanwhile."""
+    store = BlobStore(tmp_path)
+    data, other = os.urandom(1000), os.urandom(500)
+    name, second = store.put(data), store.put(other)
+    path = store.path(name)
+    store.keep([name])
+    with store.kept([name, second]):
+        store.remove(name)
+        assert not store.has(name) and name not in store.names(), "hidden: no longer served or listed"
+        assert path.read_bytes() == data, "the keepers' path still reads the whole blob"
+    assert path.exists(), "one keeper is left"
+    store.release([name])
+    assert not path.exists() and not store.has(name)
+    assert store.has(second), "kept and released without a removal: untouched"
+
+    with store.kept([name]):  # kept before it is stored (a blob being fetched), removed, then stored again
+        assert store.put(data) == name
+        store.remove(name)
+        assert store.put(data) == name
+    assert store.has(name) and store.read(name) == data, "stored again after the removal: it stays"
+    store.remove(name)
+    assert not path.exists(), "a blob nobody keeps is deleted at once"
+
+
 async def serve(nursery: trio.Nursery, store: BlobStore, counters: Counters) -> str:
     app = HttpApp()
     BlobService(store, counters, chunk_bytes=1 << 20).mount(app)

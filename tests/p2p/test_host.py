@@ -66,6 +66,29 @@ async def test_a_joiner_fetches_the_state_named_in_a_manifest(tmp_path: Path) ->
             await old.close()
 
 
+async def test_a_blob_removed_here_as_it_arrives_is_a_transport_error_unless_the_fetcher_keeps_it(
+        tmp_path: Path) -> None:
+    """Another task may remove a blob while the fetching task waits for it to be stored (a concurrent download
+    that failed forgets what it fetched): the fetch then fails as a transport error (the caller retries, the
+    node does not crash); a fetcher that keeps the blob gets a path that reads it to the end."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            donor = await start(nursery, host_config(tmp_path, "donor"))
+            data = os.urandom(100_000)
+            name = await donor.add_blob(data)
+            fetcher = await start(nursery, host_config(tmp_path, "fetcher", bootstrap=(donor.gossip_addr,)))
+            await wait_for(lambda: donor.peer_id in fetcher.connected_peers(), what="the connection")
+            fetcher.counters.on_fetch = lambda seconds: fetcher.store.remove(name)  # right after it is stored
+            with pytest.raises(TransportError, match="removed here"):
+                await fetcher.fetch_blob(name, len(data), [donor.peer_id])
+            with fetcher.store.kept([name]):
+                path = await fetcher.fetch_blob(name, len(data), [donor.peer_id])
+                assert not fetcher.store.has(name) and path.read_bytes() == data
+            assert not path.exists(), "deleted once its keeper let go"
+            await fetcher.close()
+            await donor.close()
+
+
 async def test_status_and_extra_routes(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
