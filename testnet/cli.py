@@ -1,7 +1,7 @@
 """`diloco-testnet`: N `diloco-node` processes on this machine, chaos from a seeded plan, the
 data-parallel baseline, and a report.
 
-    diloco-testnet                                   # 3 nodes, tiny model, 2 minutes, baseline, report
+    diloco-testnet                                   # 3 nodes, tiny model, 1,800 inner steps each, baseline, report
     diloco-testnet --nodes 6 --minutes 5 --kill-every 30 --downtime 15
     diloco-testnet --slow 2:4 --partition 40:60:0 --misbehave 1:garbage --wan 2gbit,30ms
 
@@ -51,7 +51,13 @@ from testnet.procs import GroupRegistry, NodeStartError
 from testnet.run import run_testnet, say
 from testnet.wan import WanError
 
-__all__ = ["EXIT_STATUS", "Options", "build_plan", "check_inputs", "main", "parse_args", "run_testnet"]
+__all__ = ["DEMO_STEPS", "EXIT_STATUS", "STEPS_MINUTES", "Options", "build_plan", "check_inputs", "main", "parse_args",
+           "run_testnet"]
+
+# The demo's length in inner steps per node: ~1,800 kept the held-out loss within 5% of data-parallel's where
+# ~800 did not (BENCHMARKS.md, session 25), whatever the machine's pace; at most STEPS_MINUTES minutes.
+DEMO_STEPS = 1800
+STEPS_MINUTES = 10.0
 
 EXIT_STATUS = {0: "the run worked", 1: "the run failed (every node failed, no node trained, or the baseline failed), "
                                       "or its files could not be written (a full disk)",
@@ -80,8 +86,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                "exit status:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUS.items()))
     a = p.add_argument
     a("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    a("--minutes", type=float, default=2.0, help="length of the run from the first launch, or, with kills or "
-                                                 "partitions, from when every node trains (default 2)")
+    a("--minutes", type=float, help="length of the run from the first launch, or, with kills or partitions, "
+                                    "from when every node trains; with --steps or --rounds, its upper bound "
+                                    f"(default 2, or {STEPS_MINUTES:g} with --steps)")
+    a("--steps", type=int, metavar="N",
+      help="run until each node has taken about N inner steps, the time taken from the solo run's pace, so that "
+           "a run trains alike on a fast machine and a slow one (not with kills, partitions or --rounds; needs "
+           f"the solo run) (default {DEMO_STEPS} when none of --minutes, --rounds, kills or partitions is given)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
     a("--outer-momentum", type=float, default=None, metavar="MU",
@@ -139,7 +150,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
            "share the cores equally, the kernel shares them)")
     a("--plan-only", action="store_true", help="print the fault plan and exit")
     ns = p.parse_args(argv)
+    timed = ns.kill_every > 0 or bool(ns.partition) or ns.rounds is not None
+    if ns.steps is None and ns.minutes is None and not timed and ns.solo_seconds > 0:
+        ns.steps = DEMO_STEPS
+    if ns.steps is not None and (timed or not ns.solo_seconds > 0):
+        p.error("--steps takes the run's length from the solo run's pace: it needs --solo-seconds > 0 and "
+                "goes with neither kills, partitions nor --rounds (give --minutes)")
+    if ns.minutes is None:
+        ns.minutes = STEPS_MINUTES if ns.steps is not None else 2.0
     at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),
+                "--steps": (ns.steps, 1),
                 "--eval-batches": (ns.eval_batches, 1), "--eval-every": (ns.eval_every, 0),
                 "--kill-every": (ns.kill_every, 0), "--downtime": (ns.downtime, 0), "--first-kill": (ns.first_kill, 0),
                 "--settle": (ns.settle, 0), "--solo-seconds": (ns.solo_seconds, 0), "--stop-grace": (ns.stop_grace, 0)}
@@ -159,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     data = tuple(d for item in ns.data for d in item.split(",") if d)
     if ns.outer_momentum is not None and not 0.0 <= ns.outer_momentum < 1.0:
         p.error(f"--outer-momentum must be in [0, 1), got {ns.outer_momentum:g}")
-    return Options(nodes=ns.nodes, minutes=ns.minutes, model=ns.model, inner_steps=ns.inner_steps,
+    return Options(nodes=ns.nodes, minutes=ns.minutes, steps=ns.steps, model=ns.model, inner_steps=ns.inner_steps,
                    outer_momentum=ns.outer_momentum,
                    compression=ns.compression, data=data, seed=ns.seed, eval_every=ns.eval_every,
                    eval_batches=ns.eval_batches, rounds=ns.rounds, jax_cache=ns.jax_cache,

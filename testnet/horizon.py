@@ -6,7 +6,9 @@ leaves a few-minute run at nearly the peak rate to its end, which says more abou
 about the method (BENCHMARKS.md, "Quality, third pass"). When the testnet has measured the nodes' pace
 (its solo run: every node alone, all at once, so the machine is as loaded as in the testnet), the
 schedule spans the run: `total_steps = steps/s × (run seconds − start-up seconds)`, both medians over
-the solo run's nodes. Pure.
+the solo run's nodes. A run sized in inner steps (`--steps`, the demo's default) takes its length from the
+same pace: `run seconds = start-up seconds + steps ÷ steps/s` (`run_seconds`), so it trains alike on a
+fast machine and on a slow one. Pure.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["Pace", "horizon_steps"]
+__all__ = ["Pace", "horizon_steps", "run_seconds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,3 +39,8 @@ class Pace:
 def horizon_steps(pace: Pace, run_seconds: float) -> int:
     """Inner steps a node takes in `run_seconds` from its launch at `pace` (at least 1)."""
     return max(1, round(pace.steps_per_second * max(0.0, run_seconds - pace.startup_s)))
+
+
+def run_seconds(pace: Pace, steps: int) -> float:
+    """Seconds from launch in which a node takes `steps` inner steps at `pace` (`horizon_steps`' inverse)."""
+    return pace.startup_s + steps / pace.steps_per_second

@@ -18,7 +18,8 @@ class Options:
     """Everything `diloco-testnet` can be told (see `--help`)."""
 
     nodes: int = 3
-    minutes: float = 2.0
+    minutes: float = 2.0  # the run's length; with `steps` (or `rounds`), its upper bound
+    steps: int | None = None  # the run's length in inner steps per node, timed by the solo run's pace
     model: str = "tiny"
     inner_steps: int = 20
     outer_momentum: float | None = None  # the nodes' --outer-momentum (None: diloco-node's default, 0.8)

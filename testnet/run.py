@@ -24,9 +24,9 @@ from testnet.checks import UsageError
 from testnet.cpus import pinning
 from testnet.faults import FaultPlan, parse_slow
 from testnet.finish import Stage, final_report, verdict
-from testnet.horizon import Pace, horizon_steps
+from testnet.horizon import Pace, horizon_steps, run_seconds
 from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
-from testnet.options import Options, check_inputs
+from testnet.options import Options, build_plan, check_inputs
 from testnet.procs import GroupRegistry
 from testnet.progress import Progress
 from testnet.record import Recorder, RunMeta, load_run
@@ -131,12 +131,21 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
 
 
 def _pace_schedule(o: Options, rates: dict[int, float], startups: list[float]) -> Options:
-    """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`); slowed nodes do not
-    set the pace."""
+    """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`), and with `--steps` the
+    run's length (at most `--minutes`); slowed nodes do not set the pace."""
     slowed = {node for node, _ in (parse_slow(s) for s in o.slow)}
     pace = Pace.of([r for node, r in rates.items() if node not in slowed], startups)
     if pace is None:
+        if o.steps is not None:
+            say(f"no pace measured in the solo run: the run lasts --minutes ({o.minutes:g}) instead of "
+                f"{o.steps:,} inner steps per node")
         return o
+    if o.steps is not None:
+        seconds = min(o.minutes * 60, run_seconds(pace, o.steps))
+        say(f"run length: {seconds:.0f} s, for {o.steps:,} inner steps per node at the solo run's pace "
+            f"({pace.steps_per_second:.2f} steps/s, {pace.startup_s:.1f} s start-up)"
+            + (f", capped by --minutes {o.minutes:g}" if seconds < run_seconds(pace, o.steps) else ""))
+        o = dataclasses.replace(o, minutes=seconds / 60)
     paced = dataclasses.replace(o, paced_total_steps=horizon_steps(pace, o.minutes * 60))
     if o.rounds is None and paced.schedule_horizon() is not None:
         length = f"{o.minutes * 60:g} s - {pace.startup_s:.1f} s start-up" if pace.startup_s else \
@@ -162,6 +171,9 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     plan = check_inputs(o)
     for line in plan.describe():
         say(line)
+    if o.steps is not None:
+        say(f"run length: {o.steps:,} inner steps per node, timed from the solo run's pace (at most {o.minutes:g} "
+            "minutes, the plan's length until then)")
     if o.config_overrides():
         say(f"config overrides (nodes and baseline): {' '.join(o.config_overrides())}")
     if o.plan_only:
@@ -201,6 +213,9 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             solo_rates, startups = await _solo(o, run_dir, builder, registry, pins)
             # a plan with faults counts the run from the moment every node trains: no start-up inside it
             o = _pace_schedule(o, solo_rates, [] if plan.has_faults else startups)
+            if o.steps is not None:  # its length is known now (no faults: nothing else in the plan moves)
+                plan = build_plan(o)
+                (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
                               hosts=[network.host(i) for i in range(o.nodes)] if network else None,
                               exec_prefixes=_prefixes(o.nodes, pins, network),

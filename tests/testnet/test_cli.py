@@ -14,16 +14,33 @@ from pathlib import Path
 import pytest
 import trio
 
-from testnet.cli import Options, build_plan, main, parse_args, run_testnet
+from testnet.cli import DEMO_STEPS, STEPS_MINUTES, Options, build_plan, main, parse_args, run_testnet
 from testnet.procs import GroupRegistry, alive
 from testnet_helpers import FAKE_NODE, events, fake_argv, wait_for
 
 
 def test_defaults_finish_in_a_few_minutes() -> None:
     o = parse_args([])
-    assert o == Options()
-    assert (o.nodes, o.minutes, o.model, o.baseline) == (3, 2.0, "tiny", True)
+    assert o == Options(steps=DEMO_STEPS, minutes=STEPS_MINUTES)
+    assert (o.nodes, o.steps, o.model, o.baseline) == (3, 1800, "tiny", True)
     assert build_plan(o).kills == ()
+
+
+def test_a_run_is_sized_in_steps_or_in_minutes_and_steps_need_the_solo_pace_and_no_timed_faults() -> None:
+    from testnet.horizon import Pace, horizon_steps, run_seconds
+
+    assert (parse_args(["--minutes", "5"]).steps, parse_args(["--minutes", "5"]).minutes) == (None, 5.0)
+    assert (parse_args(["--steps", "900", "--minutes", "4"]).steps, parse_args(["--steps", "900"]).minutes) == \
+        (900, STEPS_MINUTES), "--minutes caps --steps"
+    for timed in (["--kill-every", "30"], ["--partition", "10:20:0"], ["--rounds", "5"]):
+        assert parse_args(timed).steps is None and parse_args(timed).minutes == 2.0, "faults keep the 2 minutes"
+        with pytest.raises(SystemExit):
+            parse_args(["--steps", "900", *timed])
+    assert parse_args(["--solo-seconds", "0"]).steps is None, "no pace to time the steps by"
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "900", "--solo-seconds", "0"])
+    pace = Pace(8.0, 20.0)
+    assert run_seconds(pace, 1800) == 245.0 and horizon_steps(pace, run_seconds(pace, 1800)) == 1800
 
 
 def test_flags_build_the_plan() -> None:
