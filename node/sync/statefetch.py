@@ -44,6 +44,7 @@ from p2p import Host, Kind, TransportError
 from p2p.blobserve import PEER_HEADER
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.ledger import BottomStore, Ledger, LedgerConfig, SnapshotEntry
+from protocol.ledger.bound import check_origin_places
 from protocol.ledger.payload import decode_snapshot_payload
 from protocol.ledger.proof import UpdateProof, check_entry
 from protocol.ledger.statesync import (BOTTOM_PREFIX, META_BLOB, BottomIndex, MetaEntry, Piece, StateMeta,
@@ -270,6 +271,7 @@ async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
         if dict(meta.shapes) != {n: tuple(s) for n, s in sorted(shapes.items())}:
             raise RemoteProtocolError(Reason.BAD_STATE, "tensor names or shapes differ from the local model")
         verify_meta(meta, manifest.slot, manifest.ledger_digest, manifest.params_digest)
+        check_origin_places(((e.slot, e.meta) for e in meta.entries), config.max_updates_per_origin)
         accept = host.router.accept
         for entry in meta.entries:  # every entry as its origin signed it, and as this node would accept it
             signed = check_entry(host.config.run_id, entry.meta, entry.codec, entry.blob, entry.size, meta.shapes,

@@ -5,7 +5,8 @@ Per tensor, with weights ``w_i`` and pseudo-gradients ``Δ_i``, the aggregate is
 both from :func:`tensor_terms`.
 
 Bounded influence (:mod:`protocol.ledger.bound`: which entries count, and the norm bound ``τ``): per origin,
-only the update with the smallest ``update_id`` counts (the others get ``c_i = 0`` and no weight), and each
+only the update with the smallest ``update_id`` counts (the others get ``c_i = 0`` and no weight; none of an
+origin with more than ``max_updates_per_origin`` updates in the slot), and each
 counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_clip`` × the lower median
 of the counted norms. With three or more counted updates, those whose direction disagrees with the sum of
 the others (cosine at most ``direction_screen``) are screened out of the tensor (``c_i = 0``, no weight) one
@@ -290,7 +291,7 @@ def tensor_terms(entries: Sequence[SlotEntry], name: str, config: LedgerConfig,
     the sums the direction screen reads (computed here when not given). ``screen=False``: the
     terms before the direction screen (no inner products needed)."""
     radial = uses_radial(name, config)
-    kept = counted(entries)
+    kept = counted(entries, config.max_updates_per_origin)
     tau = norm_bound(kept, name, config)
     coefficients = dict.fromkeys((e.meta.update_id for e in entries), 0.0)
     limit = {e.meta.update_id: min(tau, step_bound(e, name, config)) for e in kept}

@@ -9,7 +9,14 @@ publishing every round, from moving the model more than an honest update would:
 * **One update per origin per slot** (:func:`counted`): of the updates one origin has in a slot, only the
   one with the smallest ``update_id`` counts; the others stay in the set (so every replica still holds
   the same set and digests) with no weight. Arrival order cannot matter: the smallest id of a set is a
-  function of the set.
+  function of the set. An origin with more than ``K`` updates in a slot (``max_updates_per_origin``)
+  counts for nothing there, and the slot keeps only its ``K + 1`` smallest ids (:func:`surplus`): the
+  rest are remembered as seen and dropped. Ids are hashes a peer can grind and publish in decreasing
+  order; without the limit each one would displace the counted one (a late fold that reads every payload
+  of the slot) and be kept, on every node's disk and in every snapshot. With it, one origin changes a
+  slot's aggregate at most ``K`` times after its first update (displaced, then left out), and holds at
+  most ``K + 1`` places. Both are functions of the set of ids received, whatever their order: an origin
+  left out never counts again in that slot, and the ``K + 1`` smallest ids of a set are the set's.
 * **Norms are clipped to a robust bound** (:func:`norm_bound`): per tensor, ``τ = norm_clip ×`` the
   lower median of the counted updates' norms (the ``⌈m/2⌉``-th smallest of ``m``). An update larger than
   ``τ`` enters with norm ``τ``. While hostile updates are fewer than half the slot's origins, the median
@@ -31,7 +38,8 @@ publishing every round, from moving the model more than an honest update would:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from protocol.errors import RemoteProtocolError, Reason
@@ -40,7 +48,7 @@ from protocol.ledger.config import LedgerConfig, UpdateMeta
 if TYPE_CHECKING:
     from protocol.ledger.aggregate import SlotEntry
 
-__all__ = ["check_claim", "counted", "norm_bound"]
+__all__ = ["check_claim", "check_origin_places", "counted", "norm_bound", "surplus"]
 
 
 def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
@@ -56,12 +64,40 @@ def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
         )
 
 
-def counted(entries: Sequence[SlotEntry]) -> list[SlotEntry]:
-    """The entries that count, in ascending ``update_id`` order: per origin, the smallest id."""
-    first: dict[str, SlotEntry] = {}
-    for e in sorted(entries, key=lambda e: e.meta.update_id):
-        first.setdefault(e.meta.origin, e)
-    return sorted(first.values(), key=lambda e: e.meta.update_id)
+def counted(entries: Sequence[SlotEntry], limit: int | None = None) -> list[SlotEntry]:
+    """The entries that count, in ascending ``update_id`` order: per origin, the smallest id, unless the
+    origin has more than ``limit`` entries (None: no limit), then none of its."""
+    by_origin: dict[str, list[SlotEntry]] = {}
+    for e in entries:
+        by_origin.setdefault(e.meta.origin, []).append(e)
+    first = [min(es, key=lambda e: e.meta.update_id) for es in by_origin.values() if limit is None or len(es) <= limit]
+    return sorted(first, key=lambda e: e.meta.update_id)
+
+
+def surplus(entries: Sequence[SlotEntry], meta: UpdateMeta, limit: int | None) -> SlotEntry | UpdateMeta | None:
+    """Where the update ``meta`` would go over the ``limit + 1`` updates a slot holding ``entries`` keeps of
+    its origin: ``meta`` itself when its id is larger than all of them (it is dropped), else the entry of
+    that origin with the largest id (it leaves the slot when ``meta`` joins); None while there is room."""
+    if limit is None:
+        return None
+    same = [e for e in entries if e.meta.origin == meta.origin]
+    if len(same) <= limit:
+        return None
+    largest = max(same, key=lambda e: e.meta.update_id)
+    return meta if meta.update_id > largest.meta.update_id else largest
+
+
+def check_origin_places(placed: Iterable[tuple[int, UpdateMeta]], limit: int | None) -> None:
+    """Refuse a state (``BAD_STATE``) whose (slot, update) pairs hold more of one origin in a slot than a
+    ledger keeps (``limit + 1``; None: no limit): a donor's meta, before its payloads are fetched, or a
+    snapshot."""
+    if limit is None:
+        return
+    places = Counter((slot, meta.origin) for slot, meta in placed)
+    for (slot, origin), count in sorted(places.items()):
+        if count > limit + 1:
+            raise RemoteProtocolError(Reason.BAD_STATE, f"{count} updates of {origin} at slot {slot}: a slot keeps "
+                                                        f"at most {limit + 1} of one origin")
 
 
 def norm_bound(entries: Sequence[SlotEntry], name: str, config: LedgerConfig) -> float:

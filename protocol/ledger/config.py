@@ -51,6 +51,7 @@ class Outcome(enum.StrEnum):
     FOLDED_LATE = "folded-late"  # assigned to an already-closed slot inside the window, folded in exactly
     APPLIED_STALE = "applied-stale"  # older than the window: applied at the open slot, staleness-weighted
     DROPPED_STALE = "dropped-stale"  # older than the window and the config says drop
+    DROPPED_SURPLUS = "dropped-surplus"  # its origin already has more updates in the slot, all with smaller ids
     DUPLICATE = "duplicate"  # this update id was seen before: ignored
     HELD_FUTURE = "held-future"  # the sender is ahead: held until its slot opens here
 
@@ -97,6 +98,9 @@ class LedgerConfig:
     update's tensor norm is clipped to ``max_step_rms · inner_steps · sqrt(size)`` (None: unchecked).
     tokens_per_step, max_inner_steps: the most tokens one inner step and the most inner steps one update
     may claim (None: unchecked); an update claiming more is refused.
+    max_updates_per_origin: K: an origin with more than K updates in a slot counts for nothing there, and a
+    slot keeps at most K + 1 of an origin's updates, the smallest ids (:mod:`protocol.ledger.bound`; None:
+    no limit, every update is kept and the smallest id counts).
     """
 
     window: int = 4
@@ -114,6 +118,7 @@ class LedgerConfig:
     max_step_rms: float | None = None
     tokens_per_step: int | None = None
     max_inner_steps: int | None = None
+    max_updates_per_origin: int | None = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -132,6 +137,12 @@ class LedgerConfig:
             raise LocalProtocolError(f"direction_screen must be None or in [-1, 1), got {self.direction_screen!r}")
         if self.max_step_rms is not None and not (math.isfinite(self.max_step_rms) and self.max_step_rms > 0.0):
             raise LocalProtocolError(f"max_step_rms must be None or finite and > 0, got {self.max_step_rms!r}")
+        if self.max_updates_per_origin is not None and (
+            type(self.max_updates_per_origin) is not int or self.max_updates_per_origin < 1
+        ):
+            raise LocalProtocolError(
+                f"max_updates_per_origin must be None or an int ≥ 1, got {self.max_updates_per_origin!r}"
+            )
         for name in ("tokens_per_step", "max_inner_steps"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
@@ -187,4 +198,5 @@ class LedgerConfig:
             "max_step_rms": self.max_step_rms,
             "tokens_per_step": self.tokens_per_step,
             "max_inner_steps": self.max_inner_steps,
+            "max_updates_per_origin": self.max_updates_per_origin,
         }

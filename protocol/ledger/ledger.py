@@ -12,6 +12,12 @@ Slots. Slot 0 is the initial state. A replica that has *closed* ``n`` slots hold
   (``DROPPED_STALE``), by ``config.stale_policy``;
 * an id seen before: ignored (``DUPLICATE``).
 
+A slot (or a future slot's held list) keeps at most ``K + 1`` updates of one origin
+(``config.max_updates_per_origin``, :func:`~protocol.ledger.bound.surplus`): one whose id is larger than
+those it holds is dropped (``DROPPED_SURPLUS``, remembered); one with a smaller id joins and the largest
+leaves (*evicted*: :meth:`Ledger.take_evicted` hands it to the owner, whose blob store may let its payload
+go). An origin with that many counts for nothing in the slot, so neither changes an aggregate.
+
 Central invariant. Two replicas with the same config and initial state, that have closed the same number
 of slots and received the same set of updates — each one while its slot was open, in the window, or in
 the future, never after it left the window — hold the same parameters and momentum, whatever the arrival
@@ -63,7 +69,7 @@ from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
 from protocol.ledger.aggregate import SlotEntry, uses_radial
 from protocol.ledger.bottom import WindowBottom
-from protocol.ledger.bound import check_claim
+from protocol.ledger.bound import check_claim, counted, surplus
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
@@ -81,6 +87,7 @@ __all__ = ["ClosedSlot", "Ledger"]
 
 RELEASED = "released"  # counter: held updates moved into a newly opened slot
 ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
+EVICTED = "evicted"  # counter: entries that left their slot for a smaller id of their origin (`bound.surplus`)
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,7 @@ class Ledger:
         self._final = final  # totals of the finalized slots (protocol.ledger.fork)
         self._seen = seen
         self._counters: Counter = counters
+        self._evicted: list[SlotEntry] = []
         self._held: dict[int, list[SlotEntry]] = {}
         live: dict[int, list[SlotEntry]] = {s: [] for s in range(base + 1, n + 2)}
         for e in entries:
@@ -177,7 +185,7 @@ class Ledger:
     @property
     def counters(self) -> dict[str, int]:
         """Outcome counts of :meth:`add` (by ``Outcome`` value), ``"released"`` and ``"orphaned"``."""
-        return {**{o.value: 0 for o in Outcome}, RELEASED: 0, ORPHANED: 0, **self._counters}
+        return {**{o.value: 0 for o in Outcome}, RELEASED: 0, ORPHANED: 0, EVICTED: 0, **self._counters}
 
     def updates_in_open_slot(self) -> int:
         return len(self._slots[self._n + 1].entries)
@@ -259,16 +267,43 @@ class Ledger:
             self._seen.add(meta.update_id)
             return self._count(Outcome.DROPPED_STALE)
         applied_at = n + 1 if stale else target
+        place = self._held.get(target, []) if target > n + 1 else self._slots[applied_at].entries
+        over = surplus(place, meta, self.config.max_updates_per_origin)
+        if over is meta:
+            self._seen.add(meta.update_id)
+            return self._count(Outcome.DROPPED_SURPLUS)
         entry, now = self._make_entry(meta, applied_at, deltas, payload)
         self._seen.add(meta.update_id)
+        outcome = self._place(entry, now, stale)
+        if over is not None:
+            place.remove(over)  # its origin counted for nothing before and after: no aggregate changed
+            self._evicted.append(over)
+            self._counters[EVICTED] += 1
+        return self._count(outcome)
+
+    def take_evicted(self) -> list[SlotEntry]:
+        """The entries that left their slot since the last call, each for a smaller id of its origin (see
+        :func:`~protocol.ledger.bound.surplus`): their payloads are no longer part of the state."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    def _place(self, entry: SlotEntry, now: Mapping[str, np.ndarray], stale: bool) -> Outcome:
+        """Put a new ``entry`` where it belongs: held, into the open slot, or folded into a closed one."""
+        n, target = self._n, entry.meta.target_slot
         if target > n + 1:
             self._held.setdefault(target, []).append(entry)
-            return self._count(Outcome.HELD_FUTURE)
-        slot = self._slots[applied_at]
-        if applied_at == n + 1:
+            return Outcome.HELD_FUTURE
+        slot = self._slots[entry.slot]
+        if entry.slot == n + 1:
             slot.add(entry)  # summed when the slot closes
-            return self._count(Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN)
-        v_coef, theta_coef = fold_coefficients(applied_at, n, self.config.eta, self.config.momentum)
+            return Outcome.APPLIED_STALE if stale else Outcome.APPLIED_OPEN
+        limit = self.config.max_updates_per_origin
+        if [e.meta.update_id for e in counted(slot.entries, limit)] == [
+            e.meta.update_id for e in counted([*slot.entries, entry], limit)
+        ]:  # it does not count and takes nobody's place: every coefficient stays (the bound reads only these)
+            slot.add(entry)
+            return Outcome.FOLDED_LATE
+        v_coef, theta_coef = fold_coefficients(entry.slot, n, self.config.eta, self.config.momentum)
 
         def fold(name: str) -> None:
             u, change = slot.fold(name, entry, now)
@@ -279,7 +314,7 @@ class Ledger:
 
         parallel_map(fold, self._shapes)
         slot.add(entry)
-        return self._count(Outcome.FOLDED_LATE)
+        return Outcome.FOLDED_LATE
 
     def ignore(self, update_ids: Iterable[bytes]) -> int:
         """Mark ids as seen without applying them (a fork's orphaned updates, or ids a compatible peer
@@ -409,7 +444,7 @@ class Ledger:
         these ``shapes``, and that its entries are consistent (:mod:`protocol.ledger.snapshot_check`);
         ``RemoteProtocolError(BAD_STATE)`` if not.
         """
-        check_snapshot(snap, config, shapes, [*(o.value for o in Outcome), RELEASED, ORPHANED])
+        check_snapshot(snap, config, shapes, [*(o.value for o in Outcome), RELEASED, ORPHANED, EVICTED])
         if working is not None:
             working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         self = cls.__new__(cls)

@@ -2,15 +2,16 @@
 continue from: made under the same config, for the local model's tensors, its window where its slot puts
 it, its ids unique and remembered, its counters known, and every entry's header valid and placed where the
 ledger could have placed it (at its own slot, in the window or open; stale ones applied at a later slot;
-future ones held within the look-ahead). Raises ``RemoteProtocolError(BAD_STATE)`` naming what is wrong;
-a snapshot comes from a peer during a state sync, so nothing in it is trusted. Pure."""
+future ones held within the look-ahead; no more of one origin in a slot than the ledger keeps). Raises
+``RemoteProtocolError(BAD_STATE)`` naming what is wrong; a snapshot comes from a peer during a state sync,
+so nothing in it is trusted. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
 from protocol.errors import RemoteProtocolError
-from protocol.ledger.bound import check_claim
+from protocol.ledger.bound import check_claim, check_origin_places
 from protocol.ledger.config import LedgerConfig
 from protocol.ledger.fields import bad_state
 from protocol.ledger.snapshot import LedgerSnapshot
@@ -46,3 +47,4 @@ def check_snapshot(snap: LedgerSnapshot, config: LedgerConfig, shapes: Mapping[s
         held = e.slot > n + 1 and e.slot == target and e.slot <= n + 1 + config.max_future_slots
         if not (held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))):
             raise bad_state(f"entry for slot {target} cannot sit at slot {e.slot} (closed {n}, base {base})")
+    check_origin_places(((e.slot, e.meta) for e in snap.entries), config.max_updates_per_origin)

@@ -55,10 +55,12 @@ def test_outcomes_and_counters():
         "folded-late": 2,
         "applied-stale": 1,
         "dropped-stale": 0,
+        "dropped-surplus": 0,
         "duplicate": 2,
         "held-future": 1,
         "released": 1,
         "orphaned": 0,
+        "evicted": 0,
     }
 
 

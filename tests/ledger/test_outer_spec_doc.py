@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,6 +126,8 @@ class Spec:
         self.clip = float(c["norm_clip"])
         self.kappa = None if c["direction_screen"] == "nil" else float(c["direction_screen"])
         self.step_rms = None if c.get("max_step_rms", "nil") == "nil" else float(c["max_step_rms"])
+        per_origin = c.get("max_updates_per_origin", "2")
+        self.per_origin = None if per_origin == "nil" else int(per_origin)
         self.embeddings = set(c["embeddings"].strip("[]").split(","))
         self._norms: dict[tuple[str, str], float] = {}
         assert c["weighting"] == "tokens" and c["aggregation"] == "radial-directional" and c["stale_policy"] == "apply"
@@ -146,11 +149,13 @@ class Spec:
         return self.ex.updates[tag]["id"]
 
     def counted(self, entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
-        """Per origin, the update with the smallest id; in id order."""
+        """Per origin, the update with the smallest id, none of an origin with more than K; in id order."""
         first: dict[str, tuple[str, float]] = {}
         for tag, w in sorted(entries, key=lambda e: self.uid(e[0])):
             first.setdefault(self.origin(tag), (tag, w))
-        return sorted(first.values(), key=lambda e: self.uid(e[0]))
+        sent = Counter(self.origin(tag) for tag, _ in entries)
+        kept = [e for o, e in first.items() if self.per_origin is None or sent[o] <= self.per_origin]
+        return sorted(kept, key=lambda e: self.uid(e[0]))
 
     def bound(self, entries: list[tuple[str, float]], name: str) -> float:
         """τ: norm_clip × the lower median (by count) of the counted updates' norms."""
@@ -502,3 +507,13 @@ def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
     for variant in (lambda sq: sum(sq), pairwise,
                     lambda sq: sum(pairwise(sq[i:i + CHUNK]) for i in range(0, len(sq), CHUNK))):
         assert any(math.sqrt(variant(sq)) != spec.norm(*key) for key, sq in squares.items())
+    # a third update of e's origin in slot 2 (K = 2): that origin counts for nothing there any more
+    updates["k"] = dict(id=bytes([10]) * 32, base=1, publish=1, tokens=1000, steps=10, origin="e",
+                        delta={n: x.copy() for n, x in updates["e"]["delta"].items()})
+    assert add("k") == "folded-late"
+    slot2.append(("k", spec.weight("k", 2)))
+    assert "e" not in {spec.origin(t) for t, _ in spec.counted(slot2)}
+    th2k, v2k = spec.step(th1c, v1c, slot2, 2)
+    theta, v = led.canonical_state()
+    assert all(bits(theta[n]) == bits(th2k[n]) and bits(v[n]) == bits(v2k[n]) for n in shapes)
+    assert any(bits(th2k[n]) != bits(th2c[n]) for n in shapes)
