@@ -7,6 +7,11 @@
   each round, an update that honest peers must refuse: alternately a payload of NaNs (`non_finite`,
   found after the download) and a header for a model of other shapes (`shape_mismatch`, refused
   before any download).
+- `flood` (`Misbehave`): after its honest update, the node publishes `FLOOD` more updates for the same slot,
+  each another random direction with the honest update's norm per tensor, claiming the honest round's
+  work: validly signed, each its own blob. Honest peers keep at most `max_updates_per_origin` + 1 of one
+  origin's updates in a slot and count none of an origin with more (`protocol.ledger.bound`), so the node
+  counts for nothing and costs their disk a few payloads per slot, not `FLOOD`.
 - `Poison(KIND)` (`--misbehave poison:KIND`): the node publishes, every round, a hostile update *instead
   of* its own: `negate` (−10⁴ × its Δ), `scale` (+10⁴ × its Δ), `random` (a random direction with 10⁴ ×
   its Δ's norm per tensor), each claiming the most work the run allows (a full round of full batches);
@@ -37,7 +42,7 @@ import trio
 from p2p import Host, Request, Response
 from p2p.blobserve import BLOB_PREFIX
 from protocol.compression.tensors import decode_tensors, encode_tensors
-from protocol.messages import split_addr
+from protocol.messages import Signed, split_addr
 from node.outer.updates import Shapes, shapes_field
 
 __all__ = ["ChaosRoute", "Misbehave", "Poison", "Slowdown", "Tarpit"]
@@ -75,20 +80,28 @@ class Slowdown:
 class Misbehave:
     """The `--misbehave` modes that act once per round (`act`), after the honest update."""
 
-    MODES = ("garbage", "bad-updates")
+    MODES = ("garbage", "bad-updates", "flood")
+    FLOOD = 6  # extra updates per round in `flood` mode
 
-    def __init__(self, mode: str, host: Host, shapes: Shapes) -> None:
+    def __init__(self, mode: str, host: Host, shapes: Shapes, seed: int = 0) -> None:
         self.mode, self.host, self.shapes = mode, host, dict(shapes)
         self._count = 0
+        self._rng = np.random.default_rng(seed)
+        self.flooded: list[str] = []  # `flood`: the blobs of the extra updates, in publication order
 
-    async def act(self, base_slot: int, publish_slot: int) -> None:
+    async def act(self, base_slot: int, publish_slot: int, honest: tuple[bytes, str, int, int]) -> list[Signed]:
+        """After the round's honest update, published as (payload, codec, tokens, inner steps) = `honest`.
+        Returns the valid updates it published (`flood`'s, fp32), which the node's own ledger should hold."""
         self._count += 1
         if self.mode == "garbage":
             await self._garbage()
+        elif self.mode == "flood":
+            return await self._flood(base_slot, publish_slot, honest)
         elif self._count % 2:
             await self._nan_update(base_slot, publish_slot)
         else:
             await self._wrong_shapes(base_slot, publish_slot)
+        return []
 
     async def _garbage(self) -> None:
         for peer in self.host.peers():
@@ -106,6 +119,23 @@ class Misbehave:
             finally:
                 await stream.aclose()
             log.info("chaos: sent a malformed frame to %s", peer.peer_id)
+
+    async def _flood(self, base_slot: int, publish_slot: int, honest: tuple[bytes, str, int, int]) -> list[Signed]:
+        payload, codec, tokens, steps = honest
+        norms = {name: float(np.linalg.norm(x)) for name, x in decode_tensors(payload, codec, self.shapes).items()}
+        published = []
+        for _ in range(self.FLOOD):
+            update = {}
+            for name, norm in norms.items():
+                r = self._rng.standard_normal(self.shapes[name]).astype(np.float32)
+                update[name] = (r * np.float32(norm / max(float(np.linalg.norm(r)), 1e-30))).astype(np.float32)
+            signed = await self.host.publish_update(encode_tensors(update, "fp32"), base_slot=base_slot,
+                                                    publish_slot=publish_slot, tokens=tokens, inner_steps=steps,
+                                                    codec="fp32", shapes=shapes_field(self.shapes))
+            self.flooded.append(signed.body.payload_sha256.hex())
+            published.append(signed)
+        log.warning("chaos: published %d more updates for slot %d", self.FLOOD, publish_slot + 1)
+        return published
 
     async def _nan_update(self, base_slot: int, publish_slot: int) -> None:
         count = sum(math.prod(s) for s in self.shapes.values())

@@ -192,7 +192,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
 
     chaos.add_argument("--misbehave", choices=CHAOS_MODES, default=None, metavar="MODE",
                        help="act as a hostile peer: garbage (malformed frames), bad-updates (also publish "
-                            "invalid updates), tarpit (serve blobs one byte per 20 s), poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
+                            "invalid updates), flood (also publish 6 more validly signed updates per round for "
+                            "the same slot), tarpit (serve blobs one byte per 20 s), "
+                            "poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
                             "scaled or random-direction update instead of its own, claiming the most tokens "
                             "the run allows; tokens: claiming 2^40). Honest peers must refuse or bound them")
     chaos.add_argument("--allow-chaos", action="store_true",

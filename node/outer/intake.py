@@ -79,7 +79,8 @@ class Intake:
         self.peer_clock.observe(header.origin, header.seqno / 1e6, header.inner_steps, self.inner_steps)
         self.blobs.hold(meta.target_slot, header.payload_sha256.hex())
         stale = outcome in (Outcome.APPLIED_STALE, Outcome.DROPPED_STALE)
-        log.log(logging.WARNING if stale else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",
+        loud = stale or outcome is Outcome.DROPPED_SURPLUS  # placed unlike its origin did, or a flood
+        log.log(logging.WARNING if loud else logging.INFO, "update %s from %s (base %d, slot %d, %d steps): %s%s",
                 meta.update_id.hex()[:16], header.origin, header.base_slot, meta.target_slot, header.inner_steps,
                 outcome.value, f"; caught up to slot {self.replica.slot}" if closed else "")
         if stale:  # our placement of it now differs from its origin's: compare (fork choice) right away

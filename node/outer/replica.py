@@ -42,6 +42,7 @@ from typing import TypeVar
 import numpy as np
 import trio
 
+from node.outer.outer_files import payload_blob
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
                              SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
 from protocol.ledger.digest import Row
@@ -53,7 +54,7 @@ log = logging.getLogger("node.outer.replica")
 T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
-_NEW_IDS = APPLIED | {Outcome.HELD_FUTURE, Outcome.DROPPED_STALE}  # outcomes that add the id to `seen`
+_NEW_IDS = APPLIED | {Outcome.HELD_FUTURE, Outcome.DROPPED_STALE, Outcome.DROPPED_SURPLUS}  # they add the id to `seen`
 
 
 class IdSetHash:
@@ -147,7 +148,7 @@ class Replica:
         """`seen_ids`: the ledger's seen set (from its snapshot), empty for a fresh ledger."""
         self._lock = trio.Lock()
         self._changed = trio.Event()
-        self.outcomes: Counter[str] = Counter()  # this process's add outcomes
+        self.outcomes: Counter[str] = Counter()  # this process's add outcomes (and entries evicted, forks adopted)
         self.released = 0  # held updates moved into a newly opened slot by this process
         self.closed_here = 0  # slots this process closed
         self.version = 0  # +1 per change
@@ -158,6 +159,10 @@ class Replica:
         self._last_close_at: float | None = None  # trio time of the last slot close
         # each window entry's signed-header proof, served with the state so peers can check it (protocol.ledger.proof)
         self.proofs: dict[bytes, UpdateProof] = {}
+        # payloads the ledger no longer holds (an origin's surplus updates: `protocol.ledger.bound.surplus`):
+        # `_unused` from the worker thread, turned into blob names on the trio thread for the clean-up
+        self._unused: list[Payload] = []
+        self._dropped_blobs: list[str] = []
         self._install(ledger, seen_ids)
 
     def _install(self, ledger: Ledger, seen: Iterable[bytes] | IdSetHash) -> None:
@@ -178,6 +183,20 @@ class Replica:
         self.shapes = led.shapes
         self.config = led.config
         self.placement = led.totals().placement
+        evicted = led.take_evicted()
+        if evicted:  # for a smaller id of their origin (`protocol.ledger.bound.surplus`)
+            self.outcomes["evicted"] += len(evicted)
+        unused = [*self._unused, *(e.payload for e in evicted if e.payload is not None)]
+        if unused:
+            self._unused = []
+            live = {payload_blob(e.payload) for e in led.entries() if e.payload is not None}
+            self._dropped_blobs.extend(b for p in unused if (b := payload_blob(p)) is not None and b not in live)
+
+    def take_dropped_blobs(self) -> list[str]:
+        """The payload blobs of updates the ledger left out since the last call (an origin's updates beyond
+        the few a slot keeps of it) and no update it holds uses: the clean-up may delete them now."""
+        out, self._dropped_blobs = self._dropped_blobs, []
+        return out
 
     @property
     def bottom_store(self) -> BottomStore:
@@ -235,6 +254,8 @@ class Replica:
 
         def work() -> tuple[Outcome, list[ClosedSlot]]:
             outcome = self._ledger.add(meta, deltas, payload=payload)
+            if outcome is Outcome.DROPPED_SURPLUS and payload is not None:
+                self._unused.append(payload)
             return outcome, catch_up()
 
         outcome, closed = await self._run(work)

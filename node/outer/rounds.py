@@ -350,7 +350,10 @@ class Rounds:
                  base_slot, meta.target_slot, len(payload), signed.body.payload_sha256.hex()[:12],
                  outcome.value if outcome else "refused")
         if self.misbehave is not None:
-            await self.misbehave.act(base_slot, publish_slot)
+            honest = (payload, self.feedback.codec, result.tokens, result.steps)
+            for extra in await self.misbehave.act(base_slot, publish_slot, honest):
+                await self._add_own(extra, Codec(extra.body.codec))
+                self.blobs.hold(extra.body.publish_slot + 1, extra.body.payload_sha256.hex())
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
             # Its Δ is read once, when the next round's base subtracts it: decoded then from the mapped blob.
             self.pending = PendingUpdate(meta.target_slot, result.steps, stored_deltas)
@@ -373,15 +376,21 @@ class Rounds:
         data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, self.feedback.codec)
         signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
                                                 inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
-        stored = Payload(Codec(codec), data)
-        try:
-            outcome, _ = await self.replica.add(update_meta(signed), PayloadDeltas(stored, self.shapes), stored,
-                                                proof_of(signed))
-        except RemoteProtocolError as exc:  # e.g. poison:tokens' claim: refused here as by every peer
-            log.warning("chaos: own poisoned update refused here too: %s", exc)
-            outcome = None
+        outcome = await self._add_own(signed, Codec(codec))
         honest = Payload(self.feedback.codec, payload)
         return signed, outcome, PayloadDeltas.measured(honest, self.shapes, norms)
+
+    async def _add_own(self, signed, codec: Codec) -> Outcome | None:
+        """Add an update this node published besides its round's (`--misbehave`) from its stored blob, as
+        every peer does; a refusal (e.g. poison:tokens' claim, refused here as by every peer) is logged."""
+        meta = update_meta(signed)
+        stored = Payload(codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+        try:
+            outcome, _ = await self.replica.add(meta, PayloadDeltas(stored, self.shapes), stored, proof_of(signed))
+        except RemoteProtocolError as exc:
+            log.warning("chaos: own update %s refused here too: %s", meta.update_id.hex()[:16], exc)
+            return None
+        return outcome
 
     def _count(self, result: RoundResult) -> None:
         stats = self.stats

@@ -175,8 +175,11 @@ class BetweenRounds:
 
     # ---- blob clean-up ----------------------------------------------------------------------------
     def collect_garbage(self) -> None:
-        """Delete payload blobs of updates more than two windows below the current slot."""
+        """Delete payload blobs of updates more than two windows below the current slot, and those of updates
+        the ledger left out (an origin's surplus in a slot: `Replica.take_dropped_blobs`) unless the newest
+        checkpoint refers to them."""
         with self.stats.timed("blob_gc"):
-            for blob in self.blobs.due(self.replica.slot - 2 * self.replica.config.window):
+            surplus = [b for b in self.replica.take_dropped_blobs() if b not in self.blobs.pinned]
+            for blob in [*self.blobs.due(self.replica.slot - 2 * self.replica.config.window), *surplus]:
                 self.host.store.remove(blob)
                 self.host.router.forget_blob(blob)
