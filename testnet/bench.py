@@ -236,8 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slow", action="append", default=[], metavar="NODE:FACTOR",
                    help="goodput: also slow NODE down FACTOR times, in every run (repeatable; as diloco-testnet "
                         "--slow)")
-    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens"), default=None,
-                   help="hostile: the attacks to run (default: all)")
+    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens", "flood"), default=None,
+                   help="hostile: the attacks to run (default: the four poison kinds; flood: 6 more updates "
+                        "per round for the same slot)")
     p.add_argument("--unbounded-attack", action="store_true",
                    help="hostile: also run the negate attack against nodes without the bound")
     p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",

@@ -9,6 +9,10 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   node publishing, every round, ``negate`` (−10⁴ × its Δ), ``scale`` (+10⁴ ×), ``random`` (a random
   direction with 10⁴ × the norm), each claiming the most tokens the run allows, or ``tokens`` (−10⁴ ×,
   claiming 2⁴⁰ tokens: refused as ``bad_claim``);
+* ``flood`` (``--kinds flood``, not in the default set): the honest nodes plus one that trains honestly and
+  publishes, every round, 6 more validly signed updates for the same slot (``--misbehave flood``: random
+  directions with its update's norm): the per-origin limit (``max_updates_per_origin``) leaves it out of
+  each slot it floods;
 * ``--unbounded-attack``: also the ``negate`` attack against nodes without the bound (the damage the bound
   prevents; the issue measured held-out bpb in the thousands).
 
@@ -42,8 +46,8 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
     runs = [("honest only", Options(nodes=honest, **common)),
             ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
     for kind in a.kinds or list(Poison.KINDS):
-        runs.append((f"1 hostile of {a.nodes}: {kind}",
-                     Options(nodes=a.nodes, misbehave=(f"{honest}:poison:{kind}",), **common)))
+        mode = kind if kind == "flood" else f"poison:{kind}"
+        runs.append((f"1 hostile of {a.nodes}: {kind}", Options(nodes=a.nodes, misbehave=(f"{honest}:{mode}",), **common)))
     if a.unbounded_attack:
         runs.append((f"1 hostile of {a.nodes}: negate, no bound",
                      Options(nodes=a.nodes, misbehave=(f"{honest}:poison:negate",), node_args=("--norm-clip", "0"),
