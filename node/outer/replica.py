@@ -153,6 +153,7 @@ class Replica:
         self.closed_here = 0  # slots this process closed
         self.version = 0  # +1 per change
         self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
+        self.state_download = trio.Lock()  # held by the one whole-state download for a proposal (node.sync.repair)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)

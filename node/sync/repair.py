@@ -10,7 +10,10 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
 - forked, and this state is heavier: the same, for the peer's updates this replica can place at their
   target slot; the rest of the peer's ids are marked seen without being applied (orphaned, counted);
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
-  manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`).
+  manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`). One
+  such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
+  whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
+  that waited downloads only if its peer's state is heavier than the state proposed meanwhile.
 
 After a fork in which ours is heavier, the peer is sent a fork hint (`node.sync.forkhint`), so that it compares
 with us too and gives way; otherwise only the side that noticed the fork would know of it.
@@ -143,11 +146,17 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
         replica.forked_with.add(peer)  # compare again next round, until compatible
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
     if verdict.adopt:
-        try:
-            loaded = await download_state(host, [manifest], replica.config, replica.shapes, replica.bottom_store)
-        except (TransportError, OSError) as exc:  # a refused state is counted and logged by download_state
-            log.warning("repair from %s: could not load its state: %s", peer, exc)
-            return None
+        async with replica.state_download:
+            pending = replica.pending
+            if pending is not None and not reconcile(pending.view, theirs).adopt:
+                log.info("repair from %s: the state proposed meanwhile (from %s) is at least as heavy as its own: "
+                         "not downloading it", peer, pending.origin)
+                return RepairResult(0, unplaced, fork="adopt")
+            try:
+                loaded = await download_state(host, [manifest], replica.config, replica.shapes, replica.bottom_store)
+            except (TransportError, OSError) as exc:  # a refused state is counted and logged by download_state
+                log.warning("repair from %s: could not load its state: %s", peer, exc)
+                return None
         ledger = loaded.ledger
         ours_key, theirs_key = verdict.keys
         why = f"fork: theirs {_key(theirs_key)} > ours {_key(ours_key)}"

@@ -160,3 +160,44 @@ async def test_a_state_holding_an_update_its_origin_never_signed_is_refused_and_
                 assert honest.updates_applied == 0, f"{label}: nothing of that state was taken"
                 await b.close()
                 await a.close()
+
+
+async def test_two_comparisons_that_would_adopt_the_same_heavier_state_download_it_once(tmp_path: Path,
+                                                                                          caplog) -> None:
+    """A replica that forked from two peers holding the same heavier state (a partition longer than the
+    window) compares with both at once: one whole-state download, the other comparison waits for it and
+    finds the proposed state as heavy as its peer's."""
+    heavy, light = Replica(fresh_ledger()), Replica(fresh_ledger())
+    for slot in range(CONFIG.window + 2):
+        for seed in (1, 2):
+            await heavy.add(*update(10 * slot + seed, slot, slot, Codec.INT4))
+        await light.add(*update(10 * slot + 3, slot, slot, Codec.INT4))
+        await heavy.close_open()
+        await light.close_open()
+    caplog.set_level("INFO")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            donors = []
+            for name in ("a", "c"):
+                host = await nursery.start(p2p.run, host_config(tmp_path, name))
+                server = StateServer(host)
+                server.mount()
+                server.replica = heavy
+                donors.append(host)
+            b = await nursery.start(p2p.run, host_config(tmp_path, "b", tuple(h.gossip_addr for h in donors)))
+            await wait_for(lambda: len(b.connected_peers()) == 2, 10, "two connections")
+            results = []
+
+            async def compare(donor: p2p.Host) -> None:
+                results.append(await pull_missing(b, light, RUN, donor.peer_id, donor.http_addr))
+
+            async with trio.open_nursery() as comparisons:
+                for donor in donors:
+                    comparisons.start_soon(compare, donor)
+            for host in [b, *donors]:
+                await host.close()
+    assert [r.fork for r in results] == ["adopt", "adopt"]
+    assert sum("loaded the state of slot" in r.getMessage() for r in caplog.records) == 1
+    assert sum("not downloading it" in r.getMessage() for r in caplog.records) == 1
+    assert light.pending is not None
+    assert (light.pending.ledger.ledger_digest(), light.pending.ledger.params_digest()) == await heavy.digests()
