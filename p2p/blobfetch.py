@@ -7,8 +7,8 @@ Contract of `BlobClient.fetch_once(peer, base_url, name, size)`:
 - on success the blob is in the store (verified) and the byte counters say who sent it;
 - a holder that sends the wrong bytes raises `RemoteProtocolError` (HASH_MISMATCH, OVERSIZED,
   TRUNCATED, or MALFORMED for a body without a Content-Length), one that cannot be reached, resets or
-  closes the connection mid-body, sends no body bytes for `timeout` seconds or answers non-200 (e.g.
-  404: it removed the blob) raises `TransportError`, and so does a local file error;
+  closes the connection mid-body, sends no body bytes for `timeout` seconds or answers non-200 raises
+  `TransportError` (404, the holder removed the blob: `BlobGone`), and so does a local file error;
 - a holder that sends slower than `min_rate` bytes per second, counted from `grace` seconds after the
   request (the response head included; time spent waiting on our own disk does not count), raises
   `RemoteProtocolError(TOO_SLOW)`: a tarpit that trickles a byte now and then cannot hold a download
@@ -46,7 +46,7 @@ import trio
 from p2p.blobserve import BLOB_PREFIX, PEER_HEADER
 from p2p.blobstore import BlobStore, BlobWriter
 from p2p.counters import Counters, Kind
-from p2p.errors import TransportError
+from p2p.errors import BlobGone, TransportError
 from protocol.errors import Reason, RemoteProtocolError
 
 log = logging.getLogger("p2p.blobs")
@@ -301,7 +301,8 @@ class BlobClient:
             guard.start_soon(self._stall_guard, progress, url, peer)
             async with self._client.stream("GET", url) as response:
                 if response.status_code != 200:
-                    raise TransportError(f"GET {url} answered {response.status_code}", peer=peer)
+                    kind = BlobGone if response.status_code == 404 else TransportError
+                    raise kind(f"GET {url} answered {response.status_code}", peer=peer)
                 announced = response.headers.get("content-length")
                 if announced is not None and int(announced) != size:
                     reason = Reason.OVERSIZED if int(announced) > size else Reason.TRUNCATED

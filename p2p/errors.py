@@ -16,6 +16,11 @@ class TransportError(Exception):
         super().__init__(f"{peer[:16]}: {message}" if peer else message)
 
 
+class BlobGone(TransportError):
+    """A holder answered 404 for a blob: it does not hold it (any more: its clean-up removed it). Asking it
+    again will not help, unlike a holder that could not be reached."""
+
+
 class AddressError(Exception):
     """This node's own address cannot be used: it cannot listen on it, or cannot tell peers how to reach
     it. `what` names the address: "gossip" (the listen address), "http" or "advertise"."""

@@ -37,7 +37,7 @@ from p2p.config import HostConfig
 from p2p.connection import Connection, handshaking_from
 from p2p.counters import Counters
 from p2p.dials import DialFailures
-from p2p.errors import AddressError, TransportError
+from p2p.errors import AddressError, BlobGone, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.transport import dial, format_addr, listener_addr, open_listener
 from protocol import signing
@@ -488,7 +488,8 @@ class Host:
             self.counters.blob_fetch_failures += 1
             self.counters.events["blob_fetch_failed:transport"] += 1
             log.info("fetch of blob %s from %s failed (the next holder is tried): %s", name[:12], peer, exc)
-            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now()))
+            gone = isinstance(exc, BlobGone)  # not asked again for it
+            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now(), gone=gone))
             return False
         log.info("fetched blob %s (%d bytes) from %s", name[:12], size, peer)
         self._execute(self.router.blob_stored(name, self.now(), source=peer))

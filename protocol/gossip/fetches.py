@@ -11,8 +11,8 @@ Contract:
 - holders (peers that sent the header, or an IHAVE for it: they hold the blob) are tried in the
   order heard, and only while connected; a holder that was too slow (`failed(..., slow_until=T)`)
   comes after every other holder until `T`, with one fetch in flight at most;
-- a holder that served wrong bytes (`failed(..., bad=True)`) is never asked again for that blob; one
-  that could not be reached is asked again after the next `retry`;
+- a holder that served wrong bytes, or said it does not hold the blob (`failed(..., bad=True)`), is
+  never asked again for that blob; one that could not be reached is asked again after the next `retry`;
 - an entry nobody could serve for `ttl` seconds is given up at `retry`.
 """
 

@@ -374,13 +374,16 @@ class Router:
         origin = source if source is not None else pending.holders[0] if pending.holders else self.local.peer_id
         return out + started + self._hold(pending.message, blob, origin, set(pending.holders))
 
-    def fetch_failed(self, blob: str, peer: str, reason: Reason | None, detail: str, now: float) -> list[Action]:
+    def fetch_failed(self, blob: str, peer: str, reason: Reason | None, detail: str, now: float, *,
+                     gone: bool = False) -> list[Action]:
         """A Fetch from `peer` failed: `reason` if it sent wrong bytes or sent too slowly (penalized), None
-        if it could not be reached. The next holder is tried; when none is left the blob waits for new holders
-        (headers or IHAVEs), and unreachable holders are retried on the next heartbeat."""
+        if it could not be reached, or (`gone`) said it does not hold the blob (not penalized: its clean-up
+        removed it, e.g. an update its ledger left out). The next holder is tried; when none is left the blob
+        waits for new holders (headers or IHAVEs), and unreachable holders are retried on the next heartbeat;
+        the others are not asked for that blob again."""
         out = self._refuse(peer, reason, detail, now) if reason is not None else []
         slow_until = now + self.config.slow_holder_s if reason is Reason.TOO_SLOW else None
-        return out + self.pending.failed(blob, peer, reason is not None, self.peers, slow_until)
+        return out + self.pending.failed(blob, peer, reason is not None or gone, self.peers, slow_until)
 
     def forget_blob(self, blob: str) -> None:
         """The application removed `blob` from the store: its headers are no longer announced or served."""

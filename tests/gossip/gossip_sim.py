@@ -42,10 +42,12 @@ class SimNode:
     router: Router
     blobs: dict[str, bytes] = field(default_factory=dict)
     corrupt: bool = False  # serves wrong bytes for every blob
+    gone: bool = False  # answers that it does not hold any blob (404: removed by its clean-up)
     up: bool = True
     delivered: list[Deliver] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
     fetches: int = 0  # completed downloads
+    attempts: int = 0  # downloads started
     seqnos: SeqnoSource = field(default_factory=SeqnoSource)
 
     @property
@@ -249,8 +251,12 @@ class SimNet:
         holder = self.nodes[self.index_of(action.peer)]
         if not node.up:
             return
-        if not holder.up or action.blob not in holder.blobs or frozenset((i, holder.index)) in self.blocked:
+        node.attempts += 1
+        if not holder.up or frozenset((i, holder.index)) in self.blocked:
             self._run(i, node.router.fetch_failed(action.blob, action.peer, None, "unreachable", self.now))
+            return
+        if holder.gone or action.blob not in holder.blobs:
+            self._run(i, node.router.fetch_failed(action.blob, action.peer, None, "404", self.now, gone=True))
             return
         data = holder.blobs[action.blob]
         if holder.corrupt:

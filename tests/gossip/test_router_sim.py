@@ -196,6 +196,29 @@ def test_hash_mismatch_from_the_only_holder_waits_for_an_honest_one() -> None:
     assert len(victim.delivered) == 1 and victim.delivered[0].source == honest.peer_id
 
 
+def test_a_holder_that_no_longer_holds_the_blob_is_not_asked_again() -> None:
+    """A 404 (the holder's clean-up removed the blob, e.g. an update its ledger left out) ends that holder's
+    turn for that blob for good, unpenalized; asking again every heartbeat, as for an unreachable holder,
+    filled a node's download slots with thousands of doomed requests under a flood (BENCHMARKS.md, session
+    27). Another holder still serves it."""
+    net = SimNet(3, target_peers=0, **FAST)
+    net.connect(0, 1)
+    net.nodes[0].gone = True
+    net.publish(0, os.urandom(100))
+    for _ in range(5):
+        net.tick()
+    fetcher = net.nodes[1]
+    assert fetcher.attempts == 1 and fetcher.delivered == [] and fetcher.rejects == []
+    holder = net.nodes[2]  # one that holds it after all
+    name, data = next(iter(net.nodes[0].blobs.items()))
+    holder.blobs[name] = data
+    holder.router.blob_stored(name, net.now)
+    net.connect(0, 2)
+    net.connect(2, 1)
+    net.tick()
+    assert len(fetcher.delivered) == 1 and fetcher.delivered[0].source == holder.peer_id
+
+
 def test_simultaneous_dials_keep_the_same_single_connection_on_both_sides() -> None:
     net = SimNet(2, **FAST)
     c1 = net.connect(0, 1)

@@ -18,7 +18,7 @@ from p2p.blobfetch import BlobClient, _one_exception
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore
 from p2p.counters import Counters
-from p2p.errors import TransportError
+from p2p.errors import BlobGone, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p_helpers import host_config, start, wait_for
 from protocol.errors import Reason, RemoteProtocolError
@@ -63,8 +63,9 @@ async def test_a_holder_that_fails_mid_download_raises_the_domain_error(tmp_path
         async with trio.open_nursery() as nursery:
             url = await _raw_holder(nursery, mode, data)
             async with BlobClient(store, Counters(), local_peer="B", read_bytes=16 * 1024) as client:
-                with pytest.raises(TransportError, match="404" if mode == "404" else "GET"):
+                with pytest.raises(TransportError, match="404" if mode == "404" else "GET") as failed:
                     await client.fetch_once("A", url, name, len(data))
+                assert isinstance(failed.value, BlobGone) == (mode == "404")  # gone: not asked again
             assert not store.has(name) and list((tmp_path / "dst").glob("*.part")) == []
             nursery.cancel_scope.cancel()
 
