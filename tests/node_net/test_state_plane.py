@@ -42,6 +42,18 @@ def update(seed: int, base: int, publish: int, codec: Codec | None = None):
     return signed_update(RUN, SHAPES, deltas, seed=seed, base=base, publish=publish, tokens=100 + seed, codec=codec)
 
 
+async def state_donors(nursery: trio.Nursery, tmp: Path, replicas: dict[str, Replica]) -> list[p2p.Host]:
+    """A host per named replica, each serving that replica's state (`StateServer`)."""
+    hosts = []
+    for name, replica in replicas.items():
+        host = await nursery.start(p2p.run, host_config(tmp, name))
+        server = StateServer(host)
+        server.mount()
+        server.replica = replica
+        hosts.append(host)
+    return hosts
+
+
 async def test_repair_pulls_missed_updates_and_replicas_converge(tmp_path: Path) -> None:
     placements = [(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)]
     updates = [update(i, base, pub, Codec.INT4) for i, (base, pub) in enumerate(placements)]
@@ -89,13 +101,7 @@ async def test_a_joiner_takes_the_state_two_peers_confirm_and_verifies_it(tmp_pa
     await replicas[2].close_open()
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            donors = []
-            for i, replica in enumerate(replicas):
-                host = await nursery.start(p2p.run, host_config(tmp_path, f"d{i}"))
-                server = StateServer(host)
-                server.mount()
-                server.replica = replica
-                donors.append(host)
+            donors = await state_donors(nursery, tmp_path, {f"d{i}": replica for i, replica in enumerate(replicas)})
             joiner = await nursery.start(p2p.run, host_config(tmp_path, "j", tuple(h.gossip_addr for h in donors)))
             await wait_for(lambda: len(joiner.connected_peers()) == 3, 10, "three connections")
             async with httpx.AsyncClient() as client:
@@ -177,13 +183,7 @@ async def test_two_comparisons_that_would_adopt_the_same_heavier_state_download_
     caplog.set_level("INFO")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            donors = []
-            for name in ("a", "c"):
-                host = await nursery.start(p2p.run, host_config(tmp_path, name))
-                server = StateServer(host)
-                server.mount()
-                server.replica = heavy
-                donors.append(host)
+            donors = await state_donors(nursery, tmp_path, {"a": heavy, "c": heavy})
             b = await nursery.start(p2p.run, host_config(tmp_path, "b", tuple(h.gossip_addr for h in donors)))
             await wait_for(lambda: len(b.connected_peers()) == 2, 10, "two connections")
             results = []
