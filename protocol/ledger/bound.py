@@ -48,7 +48,7 @@ from protocol.ledger.config import LedgerConfig, UpdateMeta
 if TYPE_CHECKING:
     from protocol.ledger.aggregate import SlotEntry
 
-__all__ = ["check_claim", "check_origin_places", "counted", "norm_bound", "surplus"]
+__all__ = ["check_claim", "check_origin_places", "counted", "counting_ids", "norm_bound", "surplus"]
 
 
 def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
@@ -64,14 +64,19 @@ def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
         )
 
 
+def counting_ids(pairs: Iterable[tuple[str, bytes]], limit: int | None) -> set[bytes]:
+    """Of one slot's updates, given as ``(origin, update_id)``, the ids that count: per origin the smallest,
+    unless the origin has more than ``limit`` updates there (None: no limit), then none of its."""
+    by_origin: dict[str, list[bytes]] = {}
+    for origin, update_id in pairs:
+        by_origin.setdefault(origin, []).append(update_id)
+    return {min(ids) for ids in by_origin.values() if limit is None or len(ids) <= limit}
+
+
 def counted(entries: Sequence[SlotEntry], limit: int | None = None) -> list[SlotEntry]:
-    """The entries that count, in ascending ``update_id`` order: per origin, the smallest id, unless the
-    origin has more than ``limit`` entries (None: no limit), then none of its."""
-    by_origin: dict[str, list[SlotEntry]] = {}
-    for e in entries:
-        by_origin.setdefault(e.meta.origin, []).append(e)
-    first = [min(es, key=lambda e: e.meta.update_id) for es in by_origin.values() if limit is None or len(es) <= limit]
-    return sorted(first, key=lambda e: e.meta.update_id)
+    """The entries that count (:func:`counting_ids`), in ascending ``update_id`` order."""
+    ids = counting_ids(((e.meta.origin, e.meta.update_id) for e in entries), limit)
+    return sorted((e for e in entries if e.meta.update_id in ids), key=lambda e: e.meta.update_id)
 
 
 def surplus(entries: Sequence[SlotEntry], meta: UpdateMeta, limit: int | None) -> SlotEntry | UpdateMeta | None:

@@ -22,9 +22,11 @@ their target slot (target above our window bottom) — what anti-entropy adds.
 
 **The order** (:func:`fork_key`): when two states are incompatible, each side computes, for both states,
 the *totals of the state merged with what it can take from the other*: ``(tokens, placement)``, where
-``tokens`` is the number of tokens trained on by every update the state applied (or holds) since
-genesis, and ``placement`` the (unreduced) sum of ``SHA-256(id ‖ slot)`` over the same updates. The
-heavier state wins (more tokens: the larger side of a partition), the placement sum breaks ties, the
+``tokens`` is the number of tokens trained on by the updates that *count* (``protocol.ledger.bound``:
+per slot, one per origin, none of an origin over the run's ``max_updates_per_origin`` there) among those
+the state applied (or holds) since genesis, and ``placement`` the (unreduced) sum of ``SHA-256(id ‖
+slot)`` over all of them. Only updates that count move the model, so only they weigh: a peer that
+publishes many updates per slot adds no weight to the states that hold them. The heavier state wins (more tokens: the larger side of a partition), the placement sum breaks ties, the
 ledger digest breaks a tie of both (only possible for equal id placements, i.e. never between
 incompatible states). The updates both hold, or can merge, count on both sides: the comparison reduces
 to the tokens of the updates each side *cannot* give the other — the work done apart during the
@@ -51,9 +53,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from protocol.ledger import digest as dg
+from protocol.ledger.bound import counting_ids
 
 __all__ = ["LedgerView", "Placed", "Totals", "Verdict", "compatible", "fork_key", "mergeable", "placement_term",
-           "reconcile"]
+           "reconcile", "weigh"]
 
 PLACEMENT_DOMAIN = b"diloco/placement/v1\0"
 SUM_BYTES = 40  # an unreduced sum of up to 2^64 SHA-256 values fits in 320 bits
@@ -71,13 +74,8 @@ class Totals:
     tokens: int = 0
     placement: int = 0
 
-    def plus(self, items: Iterable[tuple[bytes, int, int]]) -> Totals:
-        """These totals plus updates given as ``(update_id, slot, tokens)``."""
-        tokens, placement = self.tokens, self.placement
-        for update_id, slot, n in items:
-            tokens += n
-            placement += placement_term(update_id, slot)
-        return Totals(tokens, placement)
+    def plus(self, other: Totals) -> Totals:
+        return Totals(self.tokens + other.tokens, self.placement + other.placement)
 
     def placement_bytes(self) -> bytes:
         return self.placement.to_bytes(SUM_BYTES, "big")
@@ -92,11 +90,28 @@ class Placed:
     target: int
     slot: int
     tokens: int
+    origin: str
+
+
+def weigh(placed: Iterable[Placed], limit: int | None) -> Totals:
+    """Totals over updates at their slots: the tokens of those that count in their slot
+    (:func:`protocol.ledger.bound.counting_ids` with ``limit`` = ``max_updates_per_origin``), the
+    placement terms of all. A function of the set of (update, slot) pairs."""
+    by_slot: dict[int, list[Placed]] = defaultdict(list)
+    for p in placed:
+        by_slot[p.slot].append(p)
+    tokens = placement = 0
+    for slot, group in by_slot.items():
+        counts = counting_ids(((p.origin, p.update_id) for p in group), limit)
+        tokens += sum(p.tokens for p in group if p.update_id in counts)
+        placement += sum(placement_term(p.update_id, slot) for p in group)
+    return Totals(tokens, placement)
 
 
 @dataclass(frozen=True)
 class LedgerView:
-    """What the fork choice needs of a ledger state. ``entries`` are the live and held updates."""
+    """What the fork choice needs of a ledger state. ``entries`` are the live and held updates; ``limit``
+    is the run's ``max_updates_per_origin`` (which updates count, :func:`weigh`)."""
 
     slot: int
     base_slot: int
@@ -104,17 +119,20 @@ class LedgerView:
     final: Totals
     entries: tuple[Placed, ...]
     seen: frozenset[bytes]
+    limit: int | None
 
     @classmethod
     def of_snapshot(cls, snap) -> LedgerView:  # snap: LedgerSnapshot (not imported: no cycle)
-        placed = (Placed(e.meta.update_id, e.meta.target_slot, e.slot, e.meta.tokens) for e in snap.entries)
+        placed = (Placed(e.meta.update_id, e.meta.target_slot, e.slot, e.meta.tokens, e.meta.origin)
+                  for e in snap.entries)
         entries = tuple(sorted(placed, key=lambda p: (p.target, p.update_id)))  # as Ledger.view() orders them
+        limit = snap.config["max_updates_per_origin"]  # a snapshot's fingerprint is checked before it is read
         return cls(snap.slot, snap.base_slot, snap.chain, Totals(snap.applied_tokens, snap.applied_sum), entries,
-                   frozenset(snap.seen))
+                   frozenset(snap.seen), limit)
 
     def totals(self) -> Totals:
-        """Totals of every update applied or held, since genesis."""
-        return self.final.plus((e.update_id, e.slot, e.tokens) for e in self.entries)
+        """Totals of every update applied or held, since genesis (tokens: those that count)."""
+        return self.final.plus(weigh(self.entries, self.limit))
 
     def _ids_by_slot(self) -> dict[int, list[bytes]]:
         by_slot: dict[int, list[bytes]] = defaultdict(list)
@@ -167,8 +185,8 @@ def compatible(a: LedgerView, b: LedgerView) -> bool:
 
 def fork_key(state: LedgerView, other: LedgerView) -> tuple[int, int, bytes]:
     """The order's key of ``state`` merged with what it can take from ``other``: larger wins."""
-    pulled = ((e.update_id, e.target, e.tokens) for e in mergeable(other, state))
-    t = state.totals().plus(pulled)
+    pulled = (Placed(e.update_id, e.target, e.target, e.tokens, e.origin) for e in mergeable(other, state))
+    t = state.final.plus(weigh((*state.entries, *pulled), state.limit))
     return (t.tokens, t.placement, state.ledger_digest())
 
 

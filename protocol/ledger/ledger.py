@@ -73,7 +73,7 @@ from protocol.ledger.bound import check_claim, counted, surplus
 from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
-from protocol.ledger.fork import LedgerView, Placed, Totals
+from protocol.ledger.fork import LedgerView, Placed, Totals, weigh
 from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nesterov_step
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
@@ -214,14 +214,19 @@ class Ledger:
         return sorted(live, key=lambda e: (e.meta.target_slot, e.meta.update_id))
 
     def totals(self) -> Totals:
-        """Tokens and placement sum of every update applied or held since genesis (``protocol.ledger.fork``):
-        a function of the applied (id, slot) pairs, whatever the arrival order and slot closing."""
-        return self._final.plus((e.meta.update_id, e.slot, e.meta.tokens) for e in self.entries())
+        """Tokens (of the updates that count) and placement sum of every update applied or held since genesis
+        (``protocol.ledger.fork``): a function of the applied (id, slot) pairs, whatever the arrival order
+        and slot closing."""
+        return self._final.plus(self._weigh(self.entries()))
 
     def view(self) -> LedgerView:
         """This state as the fork choice sees it (no tensors)."""
-        placed = tuple(Placed(e.meta.update_id, e.meta.target_slot, e.slot, e.meta.tokens) for e in self.entries())
-        return LedgerView(self._n, self._base, self._chain, self._final, placed, frozenset(self._seen))
+        placed = tuple(map(_placed, self.entries()))
+        return LedgerView(self._n, self._base, self._chain, self._final, placed, frozenset(self._seen),
+                          self.config.max_updates_per_origin)
+
+    def _weigh(self, entries: Iterable[SlotEntry]) -> Totals:
+        return weigh(map(_placed, entries), self.config.max_updates_per_origin)
 
     def applied_ids(self, slot: int) -> list[bytes]:
         """Sorted ids applied at a live slot (window or open)."""
@@ -514,7 +519,7 @@ class Ledger:
         s = self._base + 1
         retired = self._slots.pop(s)
         self._chain = dg.chain_next(self._chain, dg.slot_digest(s, retired.ids()))
-        self._final = self._final.plus((e.meta.update_id, s, e.meta.tokens) for e in retired.entries)
+        self._final = self._final.plus(self._weigh(retired.entries))
         self._bottom.queue(retired)
         self._base = s
 
@@ -525,3 +530,7 @@ class Ledger:
         A node calls it after its closes, off the path of the new parameters; the readers of the bottom call
         it themselves."""
         return self._bottom.advance(self._canonical_step)
+
+
+def _placed(e: SlotEntry) -> Placed:
+    return Placed(e.meta.update_id, e.meta.target_slot, e.slot, e.meta.tokens, e.meta.origin)

@@ -29,22 +29,31 @@ def add_both(ledgers, tag):
         led.add(*update(tag, led.slot, led.slot))
 
 
-def train(led: Ledger, side: str, slots: int, per_slot: int) -> None:
-    """`slots` rounds of a group of `per_slot` nodes that sees only its own updates."""
+def flooded_update(origin: str, n: object, slot: int):
+    """The ``n``-th of several validly signed updates one origin publishes for ``slot``."""
+    meta, deltas = update(f"{origin}#{n}@{slot}", slot, slot)
+    return UpdateMeta(meta.update_id, origin, slot, slot, meta.tokens, meta.inner_steps), deltas
+
+
+def train(led: Ledger, side: str, slots: int, per_slot: int, flood: int = 0) -> None:
+    """`slots` rounds of a group of `per_slot` nodes that sees only its own updates, and of a peer that
+    publishes `flood` updates a slot (the same origin on both sides of a partition)."""
     for s in range(slots):
         for i in range(per_slot):
             led.add(*update(f"{side}{i}@{led.slot}", led.slot, led.slot))
+        for n in range(flood):
+            led.add(*flooded_update("flooder", f"{side}{n}", led.slot))
         led.close_slot()
 
 
-def partitioned(window=2, common=2, apart=(5, 5), per_slot=(2, 1)):
+def partitioned(window=2, common=2, apart=(5, 5), per_slot=(2, 1), flood=(0, 0)):
     a, b = genesis(window), genesis(window)
     for s in range(common):
         add_both([a, b], f"common{s}")
         a.close_slot()
         b.close_slot()
-    train(a, "a", apart[0], per_slot[0])
-    train(b, "b", apart[1], per_slot[1])
+    train(a, "a", apart[0], per_slot[0], flood[0])
+    train(b, "b", apart[1], per_slot[1], flood[1])
     return a, b
 
 
@@ -128,6 +137,22 @@ def test_equal_sides_are_decided_by_the_placement_sum_the_same_way_on_both():
     assert va.adopt != vb.adopt
 
 
+def test_updates_that_do_not_count_add_no_weight_to_a_side():
+    """A flooder publishes three updates a slot (the run keeps K = 2 per origin, so none of them counts) on
+    side a, next to one honest node; side b has two honest nodes. b's model moved with twice the tokens of
+    a's: b wins on both sides, although a holds more updates (four a slot against two)."""
+    a, b = partitioned(window=2, common=2, apart=(5, 5), per_slot=(1, 2), flood=(3, 0))
+    assert a.config.max_updates_per_origin == 2
+    assert len(a.entries()) == 2 * 4 and a.base_slot > 2, "finalized slots with a flood, and a window of them"
+    counted_tokens = 100 * (2 + 5)
+    assert a.totals().tokens == counted_tokens, "the flooder's updates weigh nothing, finalized or live"
+    snap = LedgerSnapshot.from_bytes(a.snapshot().to_bytes())
+    assert LedgerView.of_snapshot(snap) == a.view() and LedgerView.of_snapshot(snap).totals() == a.totals()
+    va, vb = reconcile(a.view(), b.view()), reconcile(b.view(), a.view())
+    assert not va.compatible and (va.adopt, vb.adopt) == (True, False)
+    assert va.keys[0][0] < va.keys[1][0] and va.keys == vb.keys[::-1]
+
+
 @st.composite
 def scenarios(draw):
     window = draw(st.integers(1, 3))
@@ -136,6 +161,7 @@ def scenarios(draw):
         common=draw(st.integers(0, 3)),
         apart=(draw(st.integers(0, 6)), draw(st.integers(0, 6))),
         per_slot=(draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+        flood=(draw(st.integers(0, 3)), draw(st.integers(0, 3))),  # updates of one origin a slot
         healed=draw(st.integers(0, 3)),  # rounds both sides receive everything after the heal
         skew=(draw(st.integers(0, 1)), draw(st.integers(0, 1))),  # fresh updates one side has not sent yet
         close=draw(st.sampled_from([None, 0, 1])),  # a side that closed one more slot since its snapshot
@@ -163,7 +189,7 @@ def copy(led: Ledger) -> Ledger:
 @settings(max_examples=60, deadline=None)
 @given(scenarios())
 def test_verdicts_are_antisymmetric_stable_in_time_and_lead_to_one_state(sc):
-    a, b = partitioned(sc["window"], sc["common"], sc["apart"], sc["per_slot"])
+    a, b = partitioned(sc["window"], sc["common"], sc["apart"], sc["per_slot"], sc["flood"])
     for r in range(sc["healed"]):  # after the heal both receive the same updates (stale at one side or not)
         for side, led in (("a", a), ("b", b)):
             meta, deltas = update(f"heal-{side}{r}", led.slot, led.slot)
