@@ -151,6 +151,10 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                          "time; 1: no limit (default %(default)s)")
     ev.add_argument("--eval-batches", type=int, default=4, metavar="N",
                     help="fixed held-out batches per evaluation (default %(default)s)")
+    ev.add_argument("--fork-tolerance", type=float, default=0.1, metavar="FRACTION",
+                    help="after a fork, adopt the heavier side's state only if its held-out loss is at most "
+                         "(1 + FRACTION) x ours (its weight is its server's word: a hostile peer could claim "
+                         "any); inf: adopt without evaluating (default %(default)s; docs/threat-model.md)")
     ev.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
                     help="checkpoints and blobs; a restart resumes from the newest valid checkpoint here "
                          "(default: none, blobs in a temporary directory)")
@@ -213,7 +217,8 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
         inflight_every_s=args.inflight_every,
         keep_checkpoints=args.keep_checkpoints, eval_budget=args.eval_budget,
-        compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
+        compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        fork_tolerance=args.fork_tolerance, seed=args.seed,
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,

@@ -384,7 +384,8 @@ class NodeRuntime:
                 self._follow_run_schedule(await self._join(RESYNC_TIMEOUT_HEARTBEATS * self.settings.heartbeat_s))
             except NoPeerState as exc:
                 log.warning("resync: %s; training on from our own state", exc)
-        if await self.replica.adopt_pending() is not None:  # a heavier forked state (node.sync.repair)
+        # a heavier forked state (node.sync.repair), unless its model is worse than ours (upkeep.vet)
+        if await self.replica.adopt_pending(vet=self.upkeep.vet) is not None:
             self.feedback.reset()  # the residual belonged to the parameters we had
         for peer in self._returned_peers():
             log.info("%s is back: pulling what it holds and we missed", peer)
@@ -435,7 +436,8 @@ class NodeRuntime:
         while not self.stop_requested():
             states = {p.peer_id: p.state for p in self.host.peers()}
             # a heavier forked state (node.sync.repair), if its origin still announces it (else it moved on)
-            if await self.replica.adopt_pending(lambda p: states.get(p.origin) == drain_state(p.agreement)):
+            if await self.replica.adopt_pending(lambda p: states.get(p.origin) == drain_state(p.agreement),
+                                                self.upkeep.vet):
                 self.feedback.reset()
             own = drain_state(self.replica.agreement_hex())
             self._progress(own)

@@ -60,6 +60,7 @@ class NodeSettings:
     eval_every: int = 5
     eval_budget: float = 0.02
     eval_batches: int = 4
+    fork_tolerance: float = 0.1  # node.outer.upkeep.BetweenRounds.vet: a forked state this much worse is refused
     seed: int = 0
     window: int = 8
     quorum: int = 1
@@ -102,6 +103,8 @@ class NodeSettings:
                 _fail(f"{flag} must be >= {low}, got {value}")
         if self.max_rounds is not None and self.max_rounds < 0:
             _fail(f"--max-rounds must be >= 0, got {self.max_rounds}")
+        if not self.fork_tolerance >= 0.0:
+            _fail(f"--fork-tolerance must be >= 0 (inf: adopt without evaluating), got {self.fork_tolerance}")
         if not 0.0 < self.eval_budget <= 1.0:
             _fail(f"--eval-budget must be in (0, 1], got {self.eval_budget}")
         if not 0.0 <= self.checkpoint_interval_s < float("inf"):

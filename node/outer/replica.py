@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -155,6 +155,7 @@ class Replica:
         self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
         self.state_download = trio.Lock()  # held by the one whole-state download for a proposal (node.sync.repair)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
+        self.refused_from: set[str] = set()  # peers whose proposed state `adopt_pending`'s vet refused: never again
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
         self._last_close_at: float | None = None  # trio time of the last slot close
@@ -437,7 +438,8 @@ class Replica:
         """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
         self.pending = proposal
 
-    async def adopt_pending(self, current: Callable[[Proposal], bool] | None = None) -> Adopted | None:
+    async def adopt_pending(self, current: Callable[[Proposal], bool] | None = None,
+                            vet: Callable[[Proposal], Awaitable[bool]] | None = None) -> Adopted | None:
         """Install the pending proposal, if any (call only where no round is in flight: the caller then
         resets its error feedback). Own updates the new state has not seen are re-added if it can place
         them at their target slot (above its window bottom), the rest of the own seen ids are marked seen
@@ -448,12 +450,20 @@ class Replica:
         again against this replica's state *now*, no longer says adopt (this replica changed since the
         comparison: pulled, adopted from another peer, or received updates). So an adoption always moves
         this replica to a state heavier than the one it leaves, by the order of `protocol.ledger.fork`,
-        whatever the age of the snapshot: the replicas' weights only grow, and the comparisons end."""
+        whatever the age of the snapshot: the replicas' weights only grow, and the comparisons end.
+
+        `vet(proposal)` (the runtime's: `node.outer.upkeep.BetweenRounds.vet`, a held-out comparison of the
+        two models) may refuse it: counted (`fork-refused`), and its origin is put in `refused_from`, whose
+        states are not downloaded again (`node.sync.repair`)."""
         proposal, self.pending = self.pending, None
         if proposal is None:
             return None
         if current is not None and not current(proposal):
             log.info("dropped the proposed state of %s: it has moved on since", proposal.origin)
+            return None
+        if vet is not None and not await vet(proposal):
+            self.refused_from.add(proposal.origin)
+            self.outcomes["fork-refused"] += 1
             return None
 
         def work() -> tuple[int, int, list[ClosedSlot], Ledger, IdSetHash] | None:

@@ -3,6 +3,13 @@ within its share of the time, checkpoints, and the clean-up of payload blobs.
 
 - `evaluate` when `evaluation_due`: every `--eval-every` rounds, postponed while the evaluations of this
   process took more than `--eval-budget` of its wall time.
+- `vet` a forked state the fork choice would adopt (`Replica.adopt_pending`): its model on the held-out
+  batches against ours, the same batches for both. Its weight (the tokens of its finalized slots) is its
+  server's word, which no peer can check without the history; its parameters are checked against its
+  manifest, which the same server signs. So one hostile key could claim a heavier history and replace every
+  replica's model. A state whose held-out loss is above ``(1 + --fork-tolerance) ×`` the lower of ours now
+  and our last evaluations is refused: the heavier side of an honest partition trained as much as ours or
+  more, on the same data.
 - `checkpoint` when `checkpoint_due` (`--checkpoint-every` rounds and `--checkpoint-interval` seconds): the
   state is taken at once, between rounds, so its parts agree; the file is written in a worker thread, in the
   background while the next round trains; one write at a time, so the final checkpoint lands last.
@@ -26,7 +33,7 @@ import trio
 
 from node.checkpoint import Checkpoint, CheckpointDir
 from node.island.train import InnerLoop
-from node.outer.replica import Replica
+from node.outer.replica import Proposal, Replica
 from node.outer.resume import encode_ledger_part
 from node.settings import NodeSettings
 from node.status import NodeStats
@@ -101,6 +108,29 @@ class BetweenRounds:
         log.info("held-out %.4f %s at slot %d (round %d)", bpb, self.loop.model.metric, self.replica.slot,
                  self.stats.round)
         return bpb
+
+    async def vet(self, proposal: Proposal) -> bool:
+        """Whether the forked state `proposal` may replace ours (see the module docstring); logged either way.
+        Without held-out batches, or with `--fork-tolerance inf`, every proposal passes."""
+        tolerance = self.settings.fork_tolerance
+        if not self.heldout or math.isinf(tolerance):
+            return True
+        ours = await self.replica.params()
+        theirs = proposal.ledger.params()  # not shared: the proposal's ledger is this replica's only once adopted
+
+        def both() -> tuple[float, float]:
+            return self.loop.evaluate(self.heldout, params=ours), self.loop.evaluate(self.heldout, params=theirs)
+
+        with self.stats.timed("evaluate"):
+            ours_loss, theirs_loss = await trio.to_thread.run_sync(both)
+        recent = [p[2] for p in self.stats.eval_history[-3:]]
+        reference = min([ours_loss, *recent])
+        ok = math.isfinite(theirs_loss) and theirs_loss <= reference * (1.0 + tolerance)
+        log.log(logging.INFO if ok else logging.WARNING,
+                "the forked state of %s: held-out %.4f %s against ours %.4f (recent best %.4f): %s",
+                proposal.origin, theirs_loss, self.loop.model.metric, ours_loss, reference,
+                f"within {tolerance:.0%}, adopting it" if ok else f"more than {tolerance:.0%} worse, refused")
+        return ok
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def checkpoint_due(self) -> bool:

@@ -10,7 +10,9 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
 - forked, and this state is heavier: the same, for the peer's updates this replica can place at their
   target slot; the rest of the peer's ids are marked seen without being applied (orphaned, counted);
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
-  manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`). One
+  manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`) unless
+  its model is worse than ours (`node.outer.upkeep.BetweenRounds.vet`): a peer whose state was refused
+  that way is not downloaded from again (`Replica.refused_from`; its weight is its own word). One
   such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
   whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
   that waited downloads only if its peer's state is heavier than the state proposed meanwhile.
@@ -62,7 +64,8 @@ class RepairResult:
     added: int  # updates this replica had missed, now added
     too_stale: int  # the peer's updates this replica cannot place at their slot (orphaned, or it adopts)
     ignored: int = 0  # the peer's ids marked seen here without being applied
-    fork: str = "none"  # "none" (compatible), "kept" (ours is heavier) or "adopt" (theirs is, proposed)
+    fork: str = "none"  # "none" (compatible), "kept" (ours is heavier), "adopt" (theirs is, proposed) or
+    # "refused" (theirs is, but a state of that peer was refused before: not downloaded)
     payloads: tuple[tuple[int, str], ...] = ()  # (target slot, blob) fetched into the store, for clean-up
 
 
@@ -145,6 +148,10 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     else:
         replica.forked_with.add(peer)  # compare again next round, until compatible
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
+    if verdict.adopt and peer in replica.refused_from:
+        log.info("repair from %s: its state is heavier, but one of its states was refused as a worse model: "
+                 "not downloading it", peer)
+        return RepairResult(0, unplaced, fork="refused")
     if verdict.adopt:
         async with replica.state_download:
             pending = replica.pending

@@ -1,0 +1,89 @@
+"""Tier (b): a peer that serves a forged state — a history of its own (another chain), a claim of 2⁴⁰ more
+finalized tokens than the run trained, and garbage parameters — beside two training node runtimes, in one
+trio process. Every part of that state checks out: its entries are signed (it has none), its parameters
+hash to the digest in its manifest, which its server signs; only the finalized totals are its word, and
+they win the fork choice: the node is told to adopt it, and without the vet its model would become those
+garbage parameters (`Replica.adopt_pending` installs the proposal's ledger).
+
+The node evaluates the state before adopting it and refuses it: counted (`fork-refused`), its held-out
+loss unharmed, the forger's states never downloaded again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import p2p
+import trio
+
+from node.outer.replica import Replica
+from node.runtime import NodeRuntime
+from node.settings import NodeSettings
+from node.sync.repair import pull_missing
+from node.sync.stateserve import StateServer
+from node_net_helpers import fast_host_config
+from protocol.ledger import Ledger
+from waiting import wait_for
+
+SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
+RUN = "forged"
+
+
+def settings(tmp: Path, name: str, peers: tuple[str, ...] = ()) -> NodeSettings:
+    return NodeSettings(run_id=RUN, key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
+                        peers=peers, overrides=SMALL, inner_steps=5, max_rounds=60, eval_every=1, eval_budget=1.0,
+                        heartbeat_s=0.2)
+
+
+async def forged_replica(node: NodeRuntime) -> Replica:
+    """`node`'s state, forged: another chain, no window entries, 2⁴⁰ more finalized tokens, its window
+    bottom's parameters scaled by −20."""
+    snap, _, _ = await node.replica.snapshot()
+    forged = dataclasses.replace(
+        snap, entries=(), chain=hashlib.sha256(b"a history nobody trained").digest(),
+        applied_tokens=snap.applied_tokens + 2**40,
+        base_params={n: (-20.0 * p).astype(np.float32) for n, p in snap.base_params.items()})
+    return Replica(Ledger.from_snapshot(forged, node.replica.config), forged.seen)
+
+
+def evaluations_after(node: NodeRuntime, tokens: int) -> list[float]:
+    return [loss for at, _, loss in node.stats.eval_history if at > tokens]
+
+
+async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_persistent_cache) -> None:
+    with trio.fail_after(180):
+        async with trio.open_nursery() as nursery:
+            a = NodeRuntime(settings(tmp_path, "a"))
+            await nursery.start(a.run)
+            c = NodeRuntime(settings(tmp_path, "c", (a.host.gossip_addr,)))
+            await nursery.start(c.run)
+            await wait_for(lambda: len(a.stats.eval_history) >= 3, 120, "a trained")
+            config = dataclasses.replace(fast_host_config(tmp_path, "forger", RUN, (a.host.gossip_addr,)),
+                                         run_config=a.host.config.run_config)  # a peer of the run
+            forger = await nursery.start(p2p.run, config)
+            await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
+            server = StateServer(forger)
+            server.mount()
+            server.replica = forged = await forged_replica(a)
+            tokens, best = a.stats.tokens, min(p[2] for p in a.stats.eval_history)
+
+            result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert result is not None and result.fork == "adopt", result  # the forged state wins the fork choice
+            ours, theirs = await a.replica.params(), await forged.params()
+            garbage = await trio.to_thread.run_sync(functools.partial(a.loop.evaluate, a.heldout, params=theirs))
+            assert garbage > 5 * await trio.to_thread.run_sync(
+                functools.partial(a.loop.evaluate, a.heldout, params=ours)), "what adopting it would give"
+
+            await wait_for(lambda: a.replica.outcomes["fork-refused"] == 1, 60, "a's vet refused it")
+            again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert again is not None and again.fork == "refused", again  # not downloaded again
+            await wait_for(lambda: len(evaluations_after(a, tokens)) >= 3, 60, "a trained on")
+            nursery.cancel_scope.cancel()
+
+    assert a.replica.outcomes["fork-adopted"] == 0 and forger.peer_id in a.replica.refused_from
+    after = evaluations_after(a, tokens)
+    assert max(after) <= best * 1.1, (best, after)
