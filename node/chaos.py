@@ -22,12 +22,20 @@
   per 20 s (a `Content-Length` it never finishes): each download from it would hold one of the fetching
   peer's slots forever without the minimum rate of `p2p.blobfetch` and the per-holder limit of
   `protocol.gossip.fetches`.
+- `ForgeState` (`--misbehave forge-state`): the node trains and publishes honestly, but after every round
+  serves a forged state (`forged_replica`: its own with another chain, no window entries, 2⁴⁰ more
+  finalized tokens per round so far, its window bottom's parameters scaled by −20) and sends every
+  connected peer a fork hint. Every part of it checks out except the finalized totals, which are its word
+  and win the fork choice; honest peers evaluate a forked state before adopting it
+  (`node.outer.upkeep.BetweenRounds.vet`).
 - `ChaosRoute`: `POST /chaos` `{"block_peers": [ids], "seconds": T}` drops the connections to those
   peers and refuses them for T seconds (an emulated partition); only mounted with `--allow-chaos`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -42,10 +50,14 @@ import trio
 from p2p import Host, Request, Response
 from p2p.blobserve import BLOB_PREFIX
 from protocol.compression.tensors import decode_tensors, encode_tensors
+from protocol.ledger import Ledger
 from protocol.messages import Signed, split_addr
+from node.outer.replica import Replica
 from node.outer.updates import Shapes, shapes_field
+from node.sync.forkhint import send_fork_hint
+from node.sync.stateserve import StateServer
 
-__all__ = ["ChaosRoute", "Misbehave", "Poison", "Slowdown", "Tarpit"]
+__all__ = ["ChaosRoute", "ForgeState", "Misbehave", "Poison", "Slowdown", "Tarpit", "forged_replica"]
 
 log = logging.getLogger("node.chaos")
 
@@ -184,6 +196,36 @@ class Poison:
         tokens = self.TOKENS if self.kind == "tokens" else self.tokens_per_step * self.max_steps
         log.warning("chaos: publishing a poisoned update (%s ×%g, claiming %d tokens)", self.kind, self.FACTOR, tokens)
         return encode_tensors(hostile, "fp32"), "fp32", tokens, self.max_steps
+
+
+async def forged_replica(replica: Replica, extra_tokens: int, scale: float = -20.0) -> Replica:
+    """`replica`'s state, forged (see `ForgeState`): another chain, no window entries, `extra_tokens` more
+    finalized tokens, its window bottom's parameters times `scale`."""
+    snap, _, _ = await replica.snapshot()
+    forged = dataclasses.replace(
+        snap, entries=(), chain=hashlib.sha256(b"a history nobody trained" + snap.chain).digest(),
+        applied_tokens=snap.applied_tokens + extra_tokens,
+        base_params={n: (np.float32(scale) * p).astype(np.float32) for n, p in snap.base_params.items()})
+    ledger = await trio.to_thread.run_sync(Ledger.from_snapshot, forged, replica.config)
+    return Replica(ledger, forged.seen)
+
+
+class ForgeState:
+    """`--misbehave forge-state` (see the module docstring): `act` after every round."""
+
+    TOKENS = 2**40  # more finalized tokens claimed per round so far: each forgery outweighs the last
+
+    def __init__(self, host: Host, server: StateServer) -> None:
+        self.host, self.server = host, server
+        self._count = 0
+
+    async def act(self, replica: Replica) -> None:
+        self._count += 1
+        self.server.serve(await forged_replica(replica, self.TOKENS * self._count))
+        hinted = [p.peer_id for p in self.host.peers() if p.http_addr and await send_fork_hint(p.http_addr,
+                                                                                              self.host.peer_id)]
+        log.warning("chaos: serving a forged state claiming %d more tokens; fork hints sent to %d peers",
+                    self.TOKENS * self._count, len(hinted))
 
 
 class ChaosRoute:

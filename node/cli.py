@@ -197,7 +197,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     chaos.add_argument("--misbehave", choices=CHAOS_MODES, default=None, metavar="MODE",
                        help="act as a hostile peer: garbage (malformed frames), bad-updates (also publish "
                             "invalid updates), flood (also publish 6 more validly signed updates per round for "
-                            "the same slot), tarpit (serve blobs one byte per 20 s), "
+                            "the same slot), tarpit (serve blobs one byte per 20 s), forge-state (serve a "
+                            "state claiming 2^40 more tokens with garbage parameters, and ask every peer to "
+                            "compare with it), "
                             "poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
                             "scaled or random-direction update instead of its own, claiming the most tokens "
                             "the run allows; tokens: claiming 2^40). Honest peers must refuse or bound them")

@@ -34,7 +34,7 @@ import trio
 
 import p2p
 from node.checkpoint import Checkpoint, CheckpointDir
-from node.chaos import ChaosRoute, Tarpit
+from node.chaos import ChaosRoute, ForgeState, Tarpit
 from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
@@ -116,6 +116,7 @@ class NodeRuntime:
         self.replica: Replica | None = None
         self.rounds: Rounds | None = None
         self.upkeep: BetweenRounds | None = None
+        self._forger: ForgeState | None = None  # --misbehave forge-state
         self.blobs = HeldBlobs()  # payload blobs held (own, peers', downloaded), for the clean-up
         self.result: Stopped | None = None
         self._stop_reason: str | None = None
@@ -315,7 +316,9 @@ class NodeRuntime:
             stats=self.stats, heldout=self.heldout, checkpoints=self.checkpoints, blobs=self.blobs)
         self.host.store.keep(self._resume_blobs)  # until a newer checkpoint is written, the one resumed from counts
         self.blobs.pinned = self._resume_blobs
-        self.state_server.replica = self.replica
+        self.state_server.serve(self.replica)
+        if self.settings.misbehave == "forge-state":
+            self._forger = ForgeState(self.host, self.state_server)
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
         self._progress("training")
@@ -398,6 +401,8 @@ class NodeRuntime:
         if not await self.rounds.run_round() or self.stop_requested():  # a stop: the final checkpoint follows
             return
         self._progress("training")
+        if self._forger is not None:
+            await self._forger.act(self.replica)
         if upkeep.evaluation_due():
             await upkeep.evaluate()
         if upkeep.checkpoint_due():

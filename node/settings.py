@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "run_configuration"]
 
-CHAOS_MODES = ("garbage", "bad-updates", "flood", "tarpit", "poison:negate", "poison:scale", "poison:random",
-               "poison:tokens")
+CHAOS_MODES = ("garbage", "bad-updates", "flood", "tarpit", "forge-state", "poison:negate", "poison:scale",
+               "poison:random", "poison:tokens")
 
 
 @dataclasses.dataclass(frozen=True)

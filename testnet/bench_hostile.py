@@ -13,8 +13,14 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   publishes, every round, 6 more validly signed updates for the same slot (``--misbehave flood``: random
   directions with its update's norm): the per-origin limit (``max_updates_per_origin``) leaves it out of
   each slot it floods;
+* ``forge`` (``--kinds forge``, not in the default set): the honest nodes plus one that trains honestly but
+  serves a forged state after every round, claiming 2⁴⁰ more finalized tokens per round with its bottom's
+  parameters scaled by −20, and sends every peer a fork hint (``--misbehave forge-state``): the honest nodes
+  evaluate a forked state before adopting it (``--fork-tolerance``);
 * ``--unbounded-attack``: also the ``negate`` attack against nodes without the bound (the damage the bound
-  prevents; the issue measured held-out bpb in the thousands).
+  prevents; the issue measured held-out bpb in the thousands);
+* ``--unvetted-forge``: also the ``forge`` attack against nodes that adopt without evaluating
+  (``--fork-tolerance inf``: the damage the vet prevents).
 
 Figures: the honest nodes' held-out bits per byte, mean of their evaluations in the last 20% of each run
 (same wall time) and around the same token count (as the goodput benchmark), each ÷ the honest-only
@@ -45,12 +51,17 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
                   model=a.model, inner_steps=a.inner_steps)
     runs = [("honest only", Options(nodes=honest, **common)),
             ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
+    modes = {"flood": "flood", "forge": "forge-state"}
     for kind in a.kinds or list(Poison.KINDS):
-        mode = kind if kind == "flood" else f"poison:{kind}"
+        mode = modes.get(kind, f"poison:{kind}")
         runs.append((f"1 hostile of {a.nodes}: {kind}", Options(nodes=a.nodes, misbehave=(f"{honest}:{mode}",), **common)))
     if a.unbounded_attack:
         runs.append((f"1 hostile of {a.nodes}: negate, no bound",
                      Options(nodes=a.nodes, misbehave=(f"{honest}:poison:negate",), node_args=("--norm-clip", "0"),
+                             **common)))
+    if a.unvetted_forge:
+        runs.append((f"1 hostile of {a.nodes}: forge, no vet",
+                     Options(nodes=a.nodes, misbehave=(f"{honest}:forge-state",), node_args=("--fork-tolerance", "inf"),
                              **common)))
     return runs
 

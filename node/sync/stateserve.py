@@ -132,6 +132,10 @@ class StateServer:
         self._payloads: dict[bytes, tuple[Codec, str, int]] = {}  # update id → its payload blob
         self._added: set[str] = set()  # payload blobs this server put into the store
 
+    def serve(self, replica: Replica) -> None:
+        """Serve `replica`'s state from now on (the next `GET /state` builds its manifest)."""
+        self.replica, self._cached = replica, None
+
     def mount(self) -> None:
         self.host.http.route("GET", STATE_PATH, self.handle, per_client="20/second")
         self.host.http.route("GET", BOTTOM_PREFIX, self.handle_piece)

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from pathlib import Path
 
-import numpy as np
 import p2p
 import trio
 
-from node.outer.replica import Replica
+from node.chaos import forged_replica
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from node.sync.repair import pull_missing
 from node.sync.stateserve import StateServer
 from node_net_helpers import fast_host_config
-from protocol.ledger import Ledger
 from waiting import wait_for
 
 SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
@@ -37,17 +34,6 @@ def settings(tmp: Path, name: str, peers: tuple[str, ...] = ()) -> NodeSettings:
     return NodeSettings(run_id=RUN, key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
                         peers=peers, overrides=SMALL, inner_steps=5, max_rounds=60, eval_every=1, eval_budget=1.0,
                         heartbeat_s=0.2)
-
-
-async def forged_replica(node: NodeRuntime) -> Replica:
-    """`node`'s state, forged: another chain, no window entries, 2⁴⁰ more finalized tokens, its window
-    bottom's parameters scaled by −20."""
-    snap, _, _ = await node.replica.snapshot()
-    forged = dataclasses.replace(
-        snap, entries=(), chain=hashlib.sha256(b"a history nobody trained").digest(),
-        applied_tokens=snap.applied_tokens + 2**40,
-        base_params={n: (-20.0 * p).astype(np.float32) for n, p in snap.base_params.items()})
-    return Replica(Ledger.from_snapshot(forged, node.replica.config), forged.seen)
 
 
 def evaluations_after(node: NodeRuntime, tokens: int) -> list[float]:
@@ -68,7 +54,8 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
             await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
             server = StateServer(forger)
             server.mount()
-            server.replica = forged = await forged_replica(a)
+            forged = await forged_replica(a.replica, 2**40)
+            server.serve(forged)
             tokens, best = a.stats.tokens, min(p[2] for p in a.stats.eval_history)
 
             result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
