@@ -22,6 +22,7 @@ same failures as `dp_same_failures` `[seconds_since_launch, bpb]` (flat through 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,17 @@ def gap_curves(curves: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
+def tick_step(span: float, ticks: int = 8) -> float:
+    """The smallest of 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, … that puts at most `ticks` ticks in `span`
+    (a run whose held-out loss went to thousands of bits per byte needs the large ones)."""
+    for exponent in itertools.count(-2):
+        for mantissa in (1, 2, 5):
+            step = mantissa * 10.0**exponent
+            if step >= 0.05 and span / step <= ticks:
+                return step
+    raise AssertionError("unreachable")
+
+
 def _log_axis(ax, series: list[list[tuple[float, float]]]) -> None:
     ys = [y for s in series for _, y in s]
     if not ys:
@@ -73,9 +85,9 @@ def _log_axis(ax, series: list[list[tuple[float, float]]]) -> None:
     ax.set_yscale("log")
     top, low = clipped_top(series) or max(ys) * 1.04, min(ys) * 0.97
     ax.set_ylim(low, top)
-    step = next(s for s in (0.05, 0.1, 0.2, 0.5, 1.0, 2.0) if (top - low) / s <= 8)
+    step = tick_step(top - low)
     ax.set_yticks(np.arange(np.ceil(low / step) * step, top, step))
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f" if step < 0.1 else "%.1f"))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f" if step < 0.1 else "%.1f" if step < 5 else "%.0f"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     if max(ys) > top:
         ax.text(0.01, 0.02, f"axis clipped at {top:.2f}: the first evaluations (up to {max(ys):.2f}) lie above",

@@ -11,7 +11,7 @@ from test_report import record
 from test_report_loss import BASE, SOLO, without_restart, write_run
 
 from testnet.baseline_run import BaselineProgress
-from testnet.plot import clipped_top, gap_curves, plot_loss
+from testnet.plot import clipped_top, gap_curves, plot_loss, tick_step
 from testnet.report import compute, write_report
 from testnet.report_md import summary, to_markdown
 
@@ -91,6 +91,16 @@ def test_loss_png_legend_has_every_curve_once_and_names_the_models(tmp_path: Pat
                                                    "no failure stalled it)"]
     labels = plot_loss(compute(record())["curves"], tmp_path / "c.png")
     assert labels["gap"] == ["restart"] and (tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_loss_png_draws_a_run_whose_loss_went_to_thousands(tmp_path: Path) -> None:
+    """A run wrecked by a hostile peer (measured: 8,767 bits per byte) still gets its plot and report."""
+    assert [tick_step(span) for span in (0.3, 3.0, 40.0, 8767.0)] == [0.05, 0.5, 5.0, 2000.0]
+    fig = compute(record())
+    for node in fig["curves"]["nodes"].values():
+        node[-1] = [node[-1][0], node[-1][1], 8767.0]
+    plot_loss(fig["curves"], tmp_path / "wrecked.png")
+    assert (tmp_path / "wrecked.png").stat().st_size > 10_000
 
 
 def test_baseline_progress_lines() -> None:
