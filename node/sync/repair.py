@@ -15,7 +15,8 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
   that way is not downloaded from again (`Replica.refused_from`; its weight is its own word). One
   such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
   whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
-  that waited downloads only if its peer's state is heavier than the state proposed meanwhile.
+  that waited downloads only if its peer's state is heavier than the state proposed meanwhile, and a peer
+  whose state is proposed already is not downloaded from again until that proposal is adopted or refused.
 
 After a fork in which ours is heavier, the peer is sent a fork hint (`node.sync.forkhint`), so that it compares
 with us too and gives way; otherwise only the side that noticed the fork would know of it.
@@ -155,6 +156,10 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     if verdict.adopt:
         async with replica.state_download:
             pending = replica.pending
+            if pending is not None and pending.origin == peer:  # one of its states waits for the next round
+                log.info("repair from %s: a state of it is already proposed (adopted or refused between rounds): "
+                         "not downloading another", peer)
+                return RepairResult(0, unplaced, fork="adopt")
             if pending is not None and not reconcile(pending.view, theirs).adopt:
                 log.info("repair from %s: the state proposed meanwhile (from %s) is at least as heavy as its own: "
                          "not downloading it", peer, pending.origin)

@@ -172,7 +172,8 @@ async def test_two_comparisons_that_would_adopt_the_same_heavier_state_download_
                                                                                           caplog) -> None:
     """A replica that forked from two peers holding the same heavier state (a partition longer than the
     window) compares with both at once: one whole-state download, the other comparison waits for it and
-    finds the proposed state as heavy as its peer's."""
+    finds the proposed state as heavy as its peer's. A later comparison with the peer whose state is
+    proposed downloads nothing until that proposal is adopted or refused."""
     heavy, light = Replica(fresh_ledger()), Replica(fresh_ledger())
     for slot in range(CONFIG.window + 2):
         for seed in (1, 2):
@@ -194,10 +195,17 @@ async def test_two_comparisons_that_would_adopt_the_same_heavier_state_download_
             async with trio.open_nursery() as comparisons:
                 for donor in donors:
                     comparisons.start_soon(compare, donor)
+            # its donor trains on (a heavier state still) before the proposal is adopted or refused: not
+            # downloaded again from that donor (a hostile one would make the node download a state per round)
+            proposed = await heavy.digests()
+            await heavy.add(*update(999, heavy.slot, heavy.slot, Codec.INT4))
+            await heavy.close_open()
+            proposer = next(d for d in donors if d.peer_id == light.pending.origin)
+            await compare(proposer)
             for host in [b, *donors]:
                 await host.close()
-    assert [r.fork for r in results] == ["adopt", "adopt"]
+    assert [r.fork for r in results] == ["adopt", "adopt", "adopt"]
     assert sum("loaded the state of slot" in r.getMessage() for r in caplog.records) == 1
     assert sum("not downloading it" in r.getMessage() for r in caplog.records) == 1
     assert light.pending is not None
-    assert (light.pending.ledger.ledger_digest(), light.pending.ledger.params_digest()) == await heavy.digests()
+    assert (light.pending.ledger.ledger_digest(), light.pending.ledger.params_digest()) == proposed
