@@ -15,6 +15,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
+import httpx
 import p2p
 import trio
 
@@ -69,8 +70,11 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
             again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert again is not None and again.fork == "refused", again  # not downloaded again
             await wait_for(lambda: len(evaluations_after(a, tokens)) >= 3, 60, "a trained on")
+            async with httpx.AsyncClient() as client:
+                status = (await client.get(f"http://{a.host.http_addr}/status")).json()
             nursery.cancel_scope.cancel()
+    assert status["fork_refused_from"] == [forger.peer_id] and status["ledger_outcomes"]["fork-refused"] == 1
 
-    assert a.replica.outcomes["fork-adopted"] == 0 and forger.peer_id in a.replica.refused_from
+    assert a.replica.outcomes["fork-adopted"] == 0
     after = evaluations_after(a, tokens)
     assert max(after) <= best * 1.1, (best, after)
