@@ -36,6 +36,8 @@ the run directory and writes `report.json`, `report.md` and `loss.png`. Definiti
   their slot, left out: `applied-open` + `held-future` − `updates_published`). A late update is folded in
   exactly, but each one costs every node a pass over the model, and until it lands the slot's outer step
   lacks it.
+- forks (`forks`): forked states each node adopted (`fork-adopted`) and refused as a worse model
+  (`fork-refused`, `--fork-tolerance`), summed over its processes' last `/status` `ledger_outcomes`.
 - outcome: the verdict of `testnet.outcome` (did the run fail, which nodes failed and why).
 - held-out loss against data-parallel (`quality.at_equal_tokens`, `quality.at_equal_wall_time`; see
   `testnet.quality`): at equal tokens against the measured baseline; at equal wall time against
@@ -186,6 +188,23 @@ def _joins(tl: Timeline) -> tuple[list[dict[str, Any]], bool | None]:
             candidates += 1
             joined += ok
     return rows, (joined == candidates if candidates else None)
+
+
+def _forks(tl: Timeline) -> dict[str, Any]:
+    """Forked states adopted and refused per node (module doc, "forks"); None without any outcomes."""
+    adopted: Counter[int] = Counter()
+    refused: Counter[int] = Counter()
+    seen = False
+    for (node, _), inc in tl.incs.items():
+        outcomes = inc.last.get("ledger_outcomes")
+        if isinstance(outcomes, dict):
+            seen = True
+            adopted[node] += int(outcomes.get("fork-adopted") or 0)
+            refused[node] += int(outcomes.get("fork-refused") or 0)
+    if not seen:
+        return {"adopted": None, "refused": None}
+    return {"adopted": {str(n): adopted[n] for n in sorted(adopted)},
+            "refused": {str(n): refused[n] for n in sorted(refused)}}
 
 
 def _recovered(tl: Timeline) -> dict[str, Any]:
@@ -359,6 +378,7 @@ def compute(record: RunRecord) -> dict[str, Any]:
         "loss_after_restarts": loss_after_restarts(tl, [n for n in honest if n not in killed]),
         "memory": _memory(tl),
         "slots": _slot_fill(tl),
+        "forks": _forks(tl),
         "curves": curves,
     }
 

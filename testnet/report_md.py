@@ -36,6 +36,17 @@ def _memory_cell(memory: dict[str, Any] | None) -> str:
     return ", ".join(f"node {k}: {v / 2**30:.2f} GiB" for k, v in peaks.items()) or "n/a"
 
 
+def _forks_row(forks: dict[str, Any] | None) -> tuple[str, str, str]:
+    forks = forks or {}
+    adopted, refused = forks.get("adopted"), forks.get("refused")
+    if adopted is None or refused is None:
+        return "forked states adopted / refused", "n/a", "no node reported its ledger outcomes"
+    per_node = ", ".join(f"node {n}: {adopted[n]} / {refused.get(n, 0)}" for n in adopted) or "none"
+    return ("forked states adopted / refused", f"{sum(adopted.values())} / {sum(refused.values())}",
+            "states of another history taken (the heavier side of a fork) and refused as a worse model on the "
+            f"node's held-out batches (--fork-tolerance): {per_node}")
+
+
 def _late_cell(slots: dict[str, Any] | None) -> str:
     share = (slots or {}).get("late_share")
     return "n/a" if share is None else f"{share:.0%}"
@@ -168,6 +179,7 @@ def _rows(fig: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("tokens trained", _fmt(fig["throughput"]["total_tokens"], ","), "all nodes together (measured)"),
         ("peak memory per node (RSS)", _memory_cell(fig.get("memory")), "the most each node's processes reported"),
         ("updates that missed their slot", _late_cell(fig.get("slots")), _late_detail(fig.get("slots"))),
+        _forks_row(fig.get("forks")),
     ]
 
 

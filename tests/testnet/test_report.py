@@ -283,3 +283,18 @@ def test_updates_that_missed_their_slot_are_counted_per_node_without_the_nodes_o
     md = to_markdown(compute(rec))
     assert "| updates that missed their slot | 33% | " in md and "(5 of 15; node 0: 33%, node 1: 33%)" in md
     assert "| updates that missed their slot | n/a |" in to_markdown(compute(record()))
+
+
+def test_forked_states_adopted_and_refused_are_summed_per_node_over_its_processes() -> None:
+    rec = record()
+    last = {(row["node"], row["inc"]): row for row in rec.samples if "status" in row}
+    outcomes = {(0, 0): {"applied-open": 5, "fork-refused": 1},  # refused a forged state
+                (1, 0): {"applied-open": 2, "fork-adopted": 1},  # took the heavier side of a fork
+                (1, 1): {"applied-open": 3, "fork-adopted": 1, "fork-refused": 2}}
+    for key, counts in outcomes.items():
+        last[key]["status"].update(ledger_outcomes=counts)
+    forks = compute(rec)["forks"]
+    assert forks == {"adopted": {"0": 0, "1": 2}, "refused": {"0": 1, "1": 2}}
+    md = to_markdown(compute(rec))
+    assert "| forked states adopted / refused | 2 / 3 | " in md and "node 0: 0 / 1, node 1: 2 / 2 |" in md
+    assert "| forked states adopted / refused | n/a |" in to_markdown(compute(record()))
