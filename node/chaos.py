@@ -42,7 +42,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import numpy as np
 import trio
@@ -198,14 +198,16 @@ class Poison:
         return encode_tensors(hostile, "fp32"), "fp32", tokens, self.max_steps
 
 
-async def forged_replica(replica: Replica, extra_tokens: int, scale: float = -20.0) -> Replica:
+async def forged_replica(replica: Replica, extra_tokens: int, scale: float = -20.0,
+                         base: Mapping[str, np.ndarray] | None = None) -> Replica:
     """`replica`'s state, forged (see `ForgeState`): another chain, no window entries, `extra_tokens` more
-    finalized tokens, its window bottom's parameters times `scale`."""
+    finalized tokens, and as its parameters `base` (default: its window bottom's) times `scale`."""
     snap, _, _ = await replica.snapshot()
+    params = snap.base_params if base is None else base
     forged = dataclasses.replace(
         snap, entries=(), chain=hashlib.sha256(b"a history nobody trained" + snap.chain).digest(),
         applied_tokens=snap.applied_tokens + extra_tokens,
-        base_params={n: (np.float32(scale) * p).astype(np.float32) for n, p in snap.base_params.items()})
+        base_params={n: (np.float32(scale) * p).astype(np.float32) for n, p in params.items()})
     ledger = await trio.to_thread.run_sync(Ledger.from_snapshot, forged, replica.config)
     return Replica(ledger, forged.seen)
 

@@ -48,9 +48,12 @@ from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, Le
 from protocol.ledger.digest import Row
 from protocol.ledger.proof import UpdateProof
 
-__all__ = ["APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState", "agreement_hex"]
+__all__ = ["ADOPTION_COOLDOWN_WINDOWS", "APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState",
+           "agreement_hex"]
 
 log = logging.getLogger("node.outer.replica")
+
+ADOPTION_COOLDOWN_WINDOWS = 4  # after adopting a state of a peer, none of its for this many windows of slots
 T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
@@ -156,6 +159,7 @@ class Replica:
         self.state_download = trio.Lock()  # held by the one whole-state download for a proposal (node.sync.repair)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
         self.refused_from: set[str] = set()  # peers whose proposed state `adopt_pending`'s vet refused: never again
+        self.adopted_from: dict[str, int] = {}  # peer → our slot when this process last adopted a state of it
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
         self._last_close_at: float | None = None  # trio time of the last slot close
@@ -434,6 +438,14 @@ class Replica:
         peers, self.forked_with = sorted(self.forked_with), set()
         return peers
 
+    def adopted_recently(self, peer: str) -> bool:
+        """Whether this process adopted a state of `peer` less than `ADOPTION_COOLDOWN_WINDOWS` windows of
+        slots ago. An honest peer's history does not fork from ours again that soon; a hostile one could
+        otherwise make every node adopt a state of its each round, each one (within the vet's tolerance)
+        setting the model back to its window bottom and dropping the window's updates."""
+        at = self.adopted_from.get(peer)
+        return at is not None and self.slot - at < ADOPTION_COOLDOWN_WINDOWS * self.config.window
+
     def propose(self, proposal: Proposal) -> None:
         """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
         self.pending = proposal
@@ -461,6 +473,10 @@ class Replica:
         if current is not None and not current(proposal):
             log.info("dropped the proposed state of %s: it has moved on since", proposal.origin)
             return None
+        if self.adopted_recently(proposal.origin):
+            log.warning("dropped the proposed state of %s: a state of it was adopted at slot %d, less than %d "
+                        "windows ago", proposal.origin, self.adopted_from[proposal.origin], ADOPTION_COOLDOWN_WINDOWS)
+            return None
         if vet is not None and not await vet(proposal):
             self.refused_from.add(proposal.origin)
             self.outcomes["fork-refused"] += 1
@@ -484,6 +500,7 @@ class Replica:
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned
+        self.adopted_from[proposal.origin] = self.slot
         self._notify()
         log.warning("adopted the state of %s (%s): now at slot %d; %d own updates re-added, %d orphaned",
                     proposal.origin, proposal.why, self.slot, carried, orphaned)

@@ -12,7 +12,8 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`) unless
   its model is worse than ours (`node.outer.upkeep.BetweenRounds.vet`): a peer whose state was refused
-  that way is not downloaded from again (`Replica.refused_from`; its weight is its own word). One
+  that way is not downloaded from again (`Replica.refused_from`; its weight is its own word), nor one whose
+  state was adopted less than `ADOPTION_COOLDOWN_WINDOWS` windows of slots ago (`Replica.adopted_recently`). One
   such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
   whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
   that waited downloads only if its peer's state is heavier than the state proposed meanwhile, and a peer
@@ -46,7 +47,7 @@ import trio
 from node.sync.forkhint import send_fork_hint
 from node.sync.join import PeerSyncing, fetch_manifest
 from node.outer.outer_files import drop_pages, map_blob
-from node.outer.replica import Proposal, Replica
+from node.outer.replica import ADOPTION_COOLDOWN_WINDOWS, Proposal, Replica
 from node.sync.statefetch import download_state, fetch_meta, fetch_payloads
 from p2p import Host, TransportError
 from protocol.errors import RemoteProtocolError
@@ -66,7 +67,7 @@ class RepairResult:
     too_stale: int  # the peer's updates this replica cannot place at their slot (orphaned, or it adopts)
     ignored: int = 0  # the peer's ids marked seen here without being applied
     fork: str = "none"  # "none" (compatible), "kept" (ours is heavier), "adopt" (theirs is, proposed) or
-    # "refused" (theirs is, but a state of that peer was refused before: not downloaded)
+    # "refused" (theirs is, but a state of that peer was refused before, or adopted recently: not downloaded)
     payloads: tuple[tuple[int, str], ...] = ()  # (target slot, blob) fetched into the store, for clean-up
 
 
@@ -152,6 +153,10 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     if verdict.adopt and peer in replica.refused_from:
         log.info("repair from %s: its state is heavier, but one of its states was refused as a worse model: "
                  "not downloading it", peer)
+        return RepairResult(0, unplaced, fork="refused")
+    if verdict.adopt and replica.adopted_recently(peer):
+        log.warning("repair from %s: its state is heavier, but a state of it was adopted at slot %d, less than %d "
+                    "windows ago: not downloading it", peer, replica.adopted_from[peer], ADOPTION_COOLDOWN_WINDOWS)
         return RepairResult(0, unplaced, fork="refused")
     if verdict.adopt:
         async with replica.state_download:

@@ -20,6 +20,7 @@ import p2p
 import trio
 
 from node.chaos import forged_replica
+from node.outer.replica import ADOPTION_COOLDOWN_WINDOWS
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from node.sync.repair import pull_missing
@@ -31,30 +32,38 @@ SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr
 RUN = "forged"
 
 
-def settings(tmp: Path, name: str, peers: tuple[str, ...] = ()) -> NodeSettings:
+def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), **extra) -> NodeSettings:
     return NodeSettings(run_id=RUN, key_path=tmp / name / "key", checkpoint_dir=tmp / name / "ckpt",
                         peers=peers, overrides=SMALL, inner_steps=5, max_rounds=60, eval_every=1, eval_budget=1.0,
-                        heartbeat_s=0.2)
+                        heartbeat_s=0.2, **extra)
 
 
 def evaluations_after(node: NodeRuntime, tokens: int) -> list[float]:
     return [loss for at, _, loss in node.stats.eval_history if at > tokens]
 
 
+async def run_with_forger(nursery: trio.Nursery, tmp_path: Path,
+                          **a_settings) -> tuple[NodeRuntime, p2p.Host, StateServer]:
+    """Node `a` (with a peer `c`, both training) after three evaluations, and a forger: a host of the run
+    connected to `a` that serves whatever state the test gives its `StateServer`."""
+    a = NodeRuntime(settings(tmp_path, "a", **a_settings))
+    await nursery.start(a.run)
+    c = NodeRuntime(settings(tmp_path, "c", (a.host.gossip_addr,)))
+    await nursery.start(c.run)
+    await wait_for(lambda: len(a.stats.eval_history) >= 3, 120, "a trained")
+    config = dataclasses.replace(fast_host_config(tmp_path, "forger", RUN, (a.host.gossip_addr,)),
+                                 run_config=a.host.config.run_config)  # a peer of the run
+    forger = await nursery.start(p2p.run, config)
+    await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
+    server = StateServer(forger)
+    server.mount()
+    return a, forger, server
+
+
 async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_persistent_cache) -> None:
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
-            a = NodeRuntime(settings(tmp_path, "a"))
-            await nursery.start(a.run)
-            c = NodeRuntime(settings(tmp_path, "c", (a.host.gossip_addr,)))
-            await nursery.start(c.run)
-            await wait_for(lambda: len(a.stats.eval_history) >= 3, 120, "a trained")
-            config = dataclasses.replace(fast_host_config(tmp_path, "forger", RUN, (a.host.gossip_addr,)),
-                                         run_config=a.host.config.run_config)  # a peer of the run
-            forger = await nursery.start(p2p.run, config)
-            await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
-            server = StateServer(forger)
-            server.mount()
+            a, forger, server = await run_with_forger(nursery, tmp_path)
             forged = await forged_replica(a.replica, 2**40)
             server.serve(forged)
             tokens, best = a.stats.tokens, min(p[2] for p in a.stats.eval_history)
@@ -78,3 +87,26 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
     assert a.replica.outcomes["fork-adopted"] == 0
     after = evaluations_after(a, tokens)
     assert max(after) <= best * 1.1, (best, after)
+
+
+async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_four_windows(
+        tmp_path: Path, jax_persistent_cache) -> None:
+    """A forgery whose model passes the vet (the node's own parameters, the window's updates dropped: later in
+    a run, a forged state of the window bottom, a model W slots old, is within the tolerance too) is adopted.
+    Every next forgery of that peer (each heavier than the last) would drop the node's window again: none is
+    downloaded for `ADOPTION_COOLDOWN_WINDOWS` windows of slots. The node here adopts without evaluating
+    (`--fork-tolerance inf`), so that its fast early training does not make the vet refuse the forgery."""
+    with trio.fail_after(180):
+        async with trio.open_nursery() as nursery:
+            a, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
+            server.serve(await forged_replica(a.replica, 2**40, scale=1.0, base=await a.replica.params()))
+            result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert result is not None and result.fork == "adopt", result
+            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 1, 60, "a adopted it")
+            server.serve(await forged_replica(a.replica, 2**41, scale=1.0, base=await a.replica.params()))
+            again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert again is not None and again.fork == "refused", again
+            assert a.replica.adopted_recently(forger.peer_id) and a.replica.slot < a.replica.adopted_from[
+                forger.peer_id] + ADOPTION_COOLDOWN_WINDOWS * a.replica.config.window
+            nursery.cancel_scope.cancel()
+    assert a.replica.outcomes["fork-adopted"] == 1 and not a.replica.outcomes["fork-refused"]
