@@ -76,7 +76,10 @@ def _closed_port() -> int:
 
 def test_a_node_with_an_unreachable_bootstrap_peer_waits_and_joins_when_it_starts(cluster) -> None:
     port = _closed_port()
-    b = cluster("b", *COMMON, "--max-rounds", "3", "--peers", f"127.0.0.1:{port}")
+    # --no-adopt: the node starts at once instead of first trying, for 30 s, to read the run's configuration
+    # from the closed port (node.adopt, tested on its own in tests/node/test_adopt_config.py); what follows (the
+    # failed dials, the wait in "syncing", the join) is the same with or without it.
+    b = cluster("b", *COMMON, "--max-rounds", "3", "--no-adopt", "--peers", f"127.0.0.1:{port}")
     b.wait_listening(START_S)
     b.wait_log(rf"cannot reach bootstrap peer 127\.0\.0\.1:{port} \(try 2\)", 60.0)
     waiting = b.wait_status(lambda s: s["waiting_for"] is not None and f"127.0.0.1:{port}" in s["dial_failures"],
@@ -84,7 +87,8 @@ def test_a_node_with_an_unreachable_bootstrap_peer_waits_and_joins_when_it_start
     assert waiting["state"] == "syncing" and waiting["round"] == 0 and waiting["updates_published"] == 0
     assert "a connection to a peer" in waiting["waiting_for"] and f"127.0.0.1:{port}" in waiting["waiting_for"]
 
-    a = cluster("a", *COMMON, "--max-rounds", "3", "--slowdown", "100", listen=(f"127.0.0.1:{port}", "127.0.0.1:0"))
+    # --slowdown keeps a (and so b, draining while it waits for a) running for a few seconds, so b is seen training
+    a = cluster("a", *COMMON, "--max-rounds", "3", "--slowdown", "30", listen=(f"127.0.0.1:{port}", "127.0.0.1:0"))
     a.wait_listening(START_S)
     joined = b.wait_status(lambda s: s["state"] == "training", START_S, "b joined and training")
     assert a.peer_id in joined["peers"] and joined["waiting_for"] is None and not joined["dial_failures"]
