@@ -33,9 +33,8 @@ TOLERANCE = 0.10
 START_S = 180.0
 
 
-def _run(cluster, prefix: str, hostile: str | None, rounds: int = ROUNDS) -> float:
-    """Run three honest nodes (and a hostile one) for `rounds` rounds to the end; the honest nodes' mean final
-    held-out bpb."""
+def _start(cluster, prefix: str, hostile: str | None, rounds: int = ROUNDS) -> tuple[list, object]:
+    """Start three honest nodes (and a hostile one) that train `rounds` rounds: (the honest ones, the hostile one)."""
     common = [*COMMON, "--max-rounds", str(rounds)]
     a = cluster(f"{prefix}a", *common)
     a.wait_listening(START_S)
@@ -43,6 +42,12 @@ def _run(cluster, prefix: str, hostile: str | None, rounds: int = ROUNDS) -> flo
     evil = cluster(f"{prefix}h", *common, "--misbehave", hostile, "--peers", a.gossip) if hostile else None
     for node in honest[1:] + ([evil] if evil else []):
         node.wait_listening(START_S)
+    return honest, evil
+
+
+def _finish(run: tuple[list, object], hostile: str | None) -> float:
+    """Wait for a run's honest nodes to stop; their mean final held-out bpb."""
+    honest, evil = run
     finals = []
     for node in honest:
         assert node.wait_exit(300.0) == 0, node.log_tail()
@@ -58,11 +63,19 @@ def _run(cluster, prefix: str, hostile: str | None, rounds: int = ROUNDS) -> flo
 
 
 def test_a_hostile_peer_publishing_negated_scaled_updates_does_not_set_the_honest_nodes_back(cluster) -> None:
-    honest_only = _run(cluster, "clean-", None)
-    attacked = _run(cluster, "attacked-", "poison:negate")
+    # The two runs train side by side, on the same loaded machine: two separate networks (each node knows only
+    # its own run's first node), so the honest-only run never hears of the hostile node.
+    clean = _start(cluster, "clean-", None)
+    hostile = _start(cluster, "attacked-", "poison:negate")
+    honest_only = _finish(clean, None)
+    attacked = _finish(hostile, "poison:negate")
+    other_run = [node.peer_id for node in (*hostile[0], hostile[1])]
+    for node in clean[0]:
+        log = node.log_path.read_text()
+        assert not [p for p in other_run if p in log], "the honest-only run never met the attacked run's nodes"
     assert attacked <= honest_only * (1 + TOLERANCE), (
         f"held-out bpb with a hostile peer {attacked:.4f}, honest only {honest_only:.4f}")
 
 
 def test_an_update_claiming_more_tokens_than_the_run_allows_is_refused(cluster) -> None:
-    _run(cluster, "claim-", "poison:tokens", rounds=CLAIM_ROUNDS)
+    _finish(_start(cluster, "claim-", "poison:tokens", rounds=CLAIM_ROUNDS), "poison:tokens")
