@@ -52,8 +52,9 @@ def stopped_line(node) -> str:
 def test_three_hosts_started_with_the_readme_command_agree(hosts, cluster) -> None:
     net = hosts(3)
     args = [*COMMON, "--max-rounds", "5"]
-    # --slowdown stretches the founder's rounds (a sleep, no CPU) so the joiners arrive mid-run.
-    a = cluster("a", *args, "--slowdown", "100", exec_prefix=tuple(net.exec_prefix(0)), listen=WILDCARD)
+    # --slowdown stretches the founder's rounds (a sleep, no CPU) so the joiners arrive mid-run: they connect
+    # ~4 s after a's LISTENING; at 50, a alone would train until ~8 s after it on an idle machine (~14 s at 100).
+    a = cluster("a", *args, "--slowdown", "50", exec_prefix=tuple(net.exec_prefix(0)), listen=WILDCARD)
     a.wait_listening(START_S)
     joiners = [cluster(name, *args, "--peers", f"{net.host(0)}:7000", exec_prefix=tuple(net.exec_prefix(i)),
                        listen=WILDCARD) for i, name in ((1, "b"), (2, "c"))]
@@ -76,7 +77,10 @@ def _closed_port() -> int:
 
 def test_a_node_with_an_unreachable_bootstrap_peer_waits_and_joins_when_it_starts(cluster) -> None:
     port = _closed_port()
-    b = cluster("b", *COMMON, "--max-rounds", "3", "--peers", f"127.0.0.1:{port}")
+    # --no-adopt: the node starts at once instead of first trying, for 30 s, to read the run's configuration
+    # from the closed port (node.adopt, tested on its own in tests/node/test_adopt_config.py); what follows (the
+    # failed dials, the wait in "syncing", the join) is the same with or without it.
+    b = cluster("b", *COMMON, "--max-rounds", "3", "--no-adopt", "--peers", f"127.0.0.1:{port}")
     b.wait_listening(START_S)
     b.wait_log(rf"cannot reach bootstrap peer 127\.0\.0\.1:{port} \(try 2\)", 60.0)
     waiting = b.wait_status(lambda s: s["waiting_for"] is not None and f"127.0.0.1:{port}" in s["dial_failures"],
@@ -84,7 +88,8 @@ def test_a_node_with_an_unreachable_bootstrap_peer_waits_and_joins_when_it_start
     assert waiting["state"] == "syncing" and waiting["round"] == 0 and waiting["updates_published"] == 0
     assert "a connection to a peer" in waiting["waiting_for"] and f"127.0.0.1:{port}" in waiting["waiting_for"]
 
-    a = cluster("a", *COMMON, "--max-rounds", "3", "--slowdown", "100", listen=(f"127.0.0.1:{port}", "127.0.0.1:0"))
+    # --slowdown keeps a (and so b, draining while it waits for a) running for a few seconds, so b is seen training
+    a = cluster("a", *COMMON, "--max-rounds", "3", "--slowdown", "50", listen=(f"127.0.0.1:{port}", "127.0.0.1:0"))
     a.wait_listening(START_S)
     joined = b.wait_status(lambda s: s["state"] == "training", START_S, "b joined and training")
     assert a.peer_id in joined["peers"] and joined["waiting_for"] is None and not joined["dial_failures"]

@@ -25,6 +25,7 @@ COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "1", "--e
 START_S = 180.0
 NOISE = 0.08  # an evaluation may be this much above the median of the last three before the restart
 AFTER_ROUNDS = 4  # evaluations of the never-killed nodes watched after each restart
+ROUNDS = 54  # the survivors' --max-rounds
 FORK_SIGNS = ("histories forked", "adopted the state of")
 
 
@@ -68,9 +69,10 @@ def _copy_if_present(src: str, dst: str) -> None:
 
 def test_restarts_from_a_new_an_old_and_no_checkpoint_never_set_the_survivors_back(cluster, tmp_path) -> None:
     # --slowdown stretches the rounds (a sleep, no CPU) so restarts happen mid-run.
-    a = cluster("a", *COMMON, "--max-rounds", "60", "--slowdown", "50")
+    # a and b train ROUNDS rounds: the three restarts and their watched rounds fit with a dozen rounds to spare
+    a = cluster("a", *COMMON, "--max-rounds", str(ROUNDS), "--slowdown", "50")
     a.wait_listening(START_S)
-    b = cluster("b", *COMMON, "--max-rounds", "60", "--slowdown", "50", "--peers", a.gossip)
+    b = cluster("b", *COMMON, "--max-rounds", str(ROUNDS), "--slowdown", "50", "--peers", a.gossip)
     c = cluster("c", *COMMON, "--slowdown", "50", "--peers", a.gossip)
     for node in (b, c):
         node.wait_listening(START_S)
@@ -80,10 +82,11 @@ def test_restarts_from_a_new_an_old_and_no_checkpoint_never_set_the_survivors_ba
 
     for what in ("a restart from its newest checkpoint", "a restart from an old checkpoint",
                  "a restart with its checkpoint directory wiped"):
-        at = c.status()["round"]
-        c.wait_status(lambda s: s["round"] >= at + 3, 120.0, "c trained on")
         journal = c.home / "ckpt" / "inflight.dlc"
         if "newest" in what:  # in the middle of a round, once its journal is written (node.outer.inflight)
+            # (the later restarts come after the previous one's watch, in which c trained 2 + AFTER_ROUNDS rounds)
+            at = c.status()["round"]
+            c.wait_status(lambda s: s["round"] >= at + 3, 120.0, "c trained on")
             c.wait_status(lambda s: journal.exists(), 60.0, "c's round in flight journaled")
         c.kill()  # SIGKILL: no goodbye, no last checkpoint
         in_flight = journal.exists()  # the round may have ended (and removed it) just before the kill

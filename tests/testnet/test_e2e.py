@@ -29,8 +29,10 @@ OPTIONS = dict(nodes=3, minutes=4.0, rounds=40, inner_steps=20, eval_every=2, ki
                downtime=5.0, baseline=False, solo_seconds=0.0, progress="plain", stop_grace=20.0, start_timeout=120.0)
 
 
-async def test_three_nodes_one_kill_and_restart(tmp_path: Path) -> None:
-    o = Options(out=tmp_path, **OPTIONS)
+async def test_three_nodes_one_kill_and_restart(tmp_path: Path, jax_cache: Path) -> None:
+    # The compilation cache outlives the test (the default, OUT/jax-cache, is new in every run): the three
+    # nodes' start-up does not wait on compiling the model, except in a checkout's first run.
+    o = Options(out=tmp_path, jax_cache=str(jax_cache), **OPTIONS)
     plan = build_plan(o)
     assert len(plan.kills) == 1 and plan.kills[0].at == 25.0
     registry = GroupRegistry()
