@@ -200,7 +200,8 @@ class Replica:
 
     def take_dropped_blobs(self) -> list[str]:
         """The payload blobs of updates the ledger left out since the last call (an origin's updates beyond
-        the few a slot keeps of it) and no update it holds uses: the clean-up may delete them now."""
+        the few a slot keeps of it, and copies of updates it had seen: e.g. fetched while the node was syncing
+        a state that had seen them) and no update it holds uses: the clean-up may delete them now."""
         out, self._dropped_blobs = self._dropped_blobs, []
         return out
 
@@ -260,8 +261,8 @@ class Replica:
 
         def work() -> tuple[Outcome, list[ClosedSlot]]:
             outcome = self._ledger.add(meta, deltas, payload=payload)
-            if outcome is Outcome.DROPPED_SURPLUS and payload is not None:
-                self._unused.append(payload)
+            if outcome in (Outcome.DROPPED_SURPLUS, Outcome.DUPLICATE) and payload is not None:
+                self._unused.append(payload)  # a blob no entry uses (`_refresh` keeps those an entry holds)
             return outcome, catch_up()
 
         outcome, closed = await self._run(work)
