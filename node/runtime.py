@@ -390,6 +390,9 @@ class NodeRuntime:
         # a heavier forked state (node.sync.repair), unless its model is worse than ours (upkeep.vet)
         if await self.replica.adopt_pending(vet=self.upkeep.vet) is not None:
             self.feedback.reset()  # the residual belonged to the parameters we had
+        # the vet evaluates in a worker thread, which a cancellation waits for: if one came meanwhile, the
+        # background nursery is closed already, and starting a repair in it would raise instead
+        await trio.lowlevel.checkpoint_if_cancelled()
         for peer in self._returned_peers():
             log.info("%s is back: pulling what it holds and we missed", peer)
             self._background.start_soon(self._repair, peer)

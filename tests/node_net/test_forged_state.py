@@ -42,9 +42,17 @@ def evaluations_after(node: NodeRuntime, tokens: int) -> list[float]:
     return [loss for at, _, loss in node.stats.eval_history if at > tokens]
 
 
+async def stop(nursery: trio.Nursery, nodes: list[NodeRuntime]) -> None:
+    """Stop the nodes as a signal would (each ends its round and writes its checkpoint), then the forger."""
+    for node in nodes:
+        node.request_stop("the test is done")
+    await wait_for(lambda: all(node.result is not None for node in nodes), 60, "the nodes stopped")
+    nursery.cancel_scope.cancel()
+
+
 async def run_with_forger(nursery: trio.Nursery, tmp_path: Path,
-                          **a_settings) -> tuple[NodeRuntime, p2p.Host, StateServer]:
-    """Node `a` (with a peer `c`, both training) after three evaluations, and a forger: a host of the run
+                          **a_settings) -> tuple[list[NodeRuntime], p2p.Host, StateServer]:
+    """Nodes `a` and its peer `c`, training, once `a` has three evaluations, and a forger: a host of the run
     connected to `a` that serves whatever state the test gives its `StateServer`."""
     a = NodeRuntime(settings(tmp_path, "a", **a_settings))
     await nursery.start(a.run)
@@ -57,13 +65,14 @@ async def run_with_forger(nursery: trio.Nursery, tmp_path: Path,
     await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
     server = StateServer(forger)
     server.mount()
-    return a, forger, server
+    return [a, c], forger, server
 
 
 async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_persistent_cache) -> None:
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
-            a, forger, server = await run_with_forger(nursery, tmp_path)
+            nodes, forger, server = await run_with_forger(nursery, tmp_path)
+            a = nodes[0]
             forged = await forged_replica(a.replica, 2**40)
             server.serve(forged)
             tokens, best = a.stats.tokens, min(p[2] for p in a.stats.eval_history)
@@ -81,7 +90,7 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
             await wait_for(lambda: len(evaluations_after(a, tokens)) >= 3, 60, "a trained on")
             async with httpx.AsyncClient() as client:
                 status = (await client.get(f"http://{a.host.http_addr}/status")).json()
-            nursery.cancel_scope.cancel()
+            await stop(nursery, nodes)
     assert status["fork_refused_from"] == [forger.peer_id] and status["ledger_outcomes"]["fork-refused"] == 1
 
     assert a.replica.outcomes["fork-adopted"] == 0
@@ -98,7 +107,8 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
     (`--fork-tolerance inf`), so that its fast early training does not make the vet refuse the forgery."""
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
-            a, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
+            nodes, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
+            a = nodes[0]
             server.serve(await forged_replica(a.replica, 2**40, scale=1.0, base=await a.replica.params()))
             result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert result is not None and result.fork == "adopt", result
@@ -108,5 +118,5 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
             assert again is not None and again.fork == "refused", again
             assert a.replica.adopted_recently(forger.peer_id) and a.replica.slot < a.replica.adopted_from[
                 forger.peer_id] + ADOPTION_COOLDOWN_WINDOWS * a.replica.config.window
-            nursery.cancel_scope.cancel()
+            await stop(nursery, nodes)
     assert a.replica.outcomes["fork-adopted"] == 1 and not a.replica.outcomes["fork-refused"]
