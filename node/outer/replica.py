@@ -32,7 +32,6 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -42,14 +41,14 @@ from typing import TypeVar
 import numpy as np
 import trio
 
+from node.outer.agreement import IdSetHash, agreement_hex
 from node.outer.outer_files import payload_blob
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
                              SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
 from protocol.ledger.digest import Row
 from protocol.ledger.proof import UpdateProof
 
-__all__ = ["ADOPTION_COOLDOWN_WINDOWS", "APPLIED", "Adopted", "IdSetHash", "Proposal", "Replica", "ServedState",
-           "agreement_hex"]
+__all__ = ["ADOPTION_COOLDOWN_WINDOWS", "APPLIED", "Adopted", "Proposal", "Replica", "ServedState"]
 
 log = logging.getLogger("node.outer.replica")
 
@@ -58,32 +57,6 @@ T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
 _NEW_IDS = APPLIED | {Outcome.HELD_FUTURE, Outcome.DROPPED_STALE, Outcome.DROPPED_SURPLUS}  # they add the id to `seen`
-
-
-class IdSetHash:
-    """Sum modulo 2^256 of SHA-256("diloco/idset/v1\\0" || id) over a set of 32-byte ids."""
-
-    _MOD = 1 << 256
-
-    def __init__(self, ids: Iterable[bytes] = ()) -> None:
-        self.value = 0
-        self.count = 0
-        for i in ids:
-            self.add(i)
-
-    def add(self, update_id: bytes) -> None:
-        h = hashlib.sha256(b"diloco/idset/v1\0" + update_id).digest()
-        self.value = (self.value + int.from_bytes(h, "big")) % self._MOD
-        self.count += 1
-
-    def hex(self, chars: int = 64) -> str:
-        return self.value.to_bytes(32, "big").hex()[:chars]
-
-
-def agreement_hex(seen_hash: IdSetHash, placement: int) -> str:
-    """The agreement hash of a state: SHA-256 of its seen-id set hash and its placement sum."""
-    seen = seen_hash.value.to_bytes(32, "big")
-    return hashlib.sha256(b"diloco/agreement/v1\0" + seen + (placement % (1 << 256)).to_bytes(32, "big")).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 Protocol. After its last update a node *drains*: it publishes nothing more, but keeps receiving,
 serving blobs, forwarding gossip and catching up slots. Its heartbeats carry the state
-`drain:<h>`, where `h` is the first 26 hex digits of its agreement hash (`node.outer.replica.agreement_hex`:
-the order-independent hash of the set of update ids its ledger has seen, `node.outer.replica.IdSetHash`,
+`drain:<h>`, where `h` is the first 26 hex digits of its agreement hash (`node.outer.agreement.agreement_hex`:
+the order-independent hash of the set of update ids its ledger has seen, `node.outer.agreement.IdSetHash`,
 combined with the placement sum of which update sits in which slot). It stops waiting when every
 connected peer is draining with the same `h` (everyone will publish no more, and everyone holds the same
 updates at the same slots), then closes every slot that holds updates, says goodbye (signed),

@@ -14,7 +14,7 @@ from node.cli import build_parser, settings_from_args
 from node.island.config import ConfigError
 from node.sync.drain import LIMIT_FACTOR, DrainTracker, PeerView, drain_state
 from node.sync.join import choose
-from node.outer.replica import IdSetHash
+from node.outer.agreement import IdSetHash
 from node.settings import NodeSettings
 from protocol.messages import StateManifest
 

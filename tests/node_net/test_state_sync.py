@@ -21,7 +21,8 @@ import trio
 
 import p2p
 from node.sync.join import choose, fetch_manifests, sync_state
-from node.outer.replica import IdSetHash, Replica
+from node.outer.agreement import IdSetHash
+from node.outer.replica import Replica
 from node.sync.statefetch import download_state
 from node.sync.stateserve import BOTTOM_PREFIX, StateServer
 from p2p import Request, Response, TransportError
