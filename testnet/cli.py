@@ -90,9 +90,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                                     "from when every node trains; with --steps or --rounds, its upper bound "
                                     f"(default 2, or {STEPS_MINUTES:g} with --steps)")
     a("--steps", type=int, metavar="N",
-      help="run until each node has taken about N inner steps, the time taken from the solo run's pace, so that "
-           "a run trains alike on a fast machine and a slow one (not with kills, partitions or --rounds; needs "
-           f"the solo run) (default {DEMO_STEPS} when none of --minutes, --rounds, kills or partitions is given)")
+      help="run until the nodes have taken N inner steps each on average (their /status), so that a run trains "
+           "alike on a fast machine and a slow one, and end the learning-rate schedule there; --minutes is then "
+           f"an upper bound (not with kills, partitions or --rounds) (default {DEMO_STEPS} when none of "
+           "--minutes, --rounds, kills or partitions is given)")
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
     a("--outer-momentum", type=float, default=None, metavar="MU",
@@ -127,9 +128,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
     a("--solo-seconds", type=float, default=20.0, metavar="S",
-      help="first run every node alone for S seconds once all of them train: without --rounds the measured pace sets the learning-rate "
-           "schedule to end with the run (else the preset's horizon applies, 10,000 steps for tiny), and the "
-           "overlap figure (default 20; 0 = skip)")
+      help="first run every node alone for S seconds once all of them train: in a run of --minutes the measured "
+           "pace sets the learning-rate schedule to end with the run (without it the preset's horizon applies, "
+           "10,000 steps for tiny); it also gives the overlap figure (default 20; 0 = skip)")
     a("--out", type=Path, default=Path("runs"), help="parent of the run directory (default runs)")
     a("--progress", choices=("auto", "rich", "plain", "quiet"), default="auto",
       help="live table (rich), periodic lines (plain), events only (quiet); auto = rich on a terminal")
@@ -151,11 +152,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--plan-only", action="store_true", help="print the fault plan and exit")
     ns = p.parse_args(argv)
     timed = ns.kill_every > 0 or bool(ns.partition) or ns.rounds is not None
-    if ns.steps is None and ns.minutes is None and not timed and ns.solo_seconds > 0:
+    if ns.steps is None and ns.minutes is None and not timed:
         ns.steps = DEMO_STEPS
-    if ns.steps is not None and (timed or not ns.solo_seconds > 0):
-        p.error("--steps takes the run's length from the solo run's pace: it needs --solo-seconds > 0 and "
-                "goes with neither kills, partitions nor --rounds (give --minutes)")
+    if ns.steps is not None and timed:
+        p.error("--steps goes with neither kills, partitions nor --rounds, whose times need a run of known length "
+                "(give --minutes)")
     if ns.minutes is None:
         ns.minutes = STEPS_MINUTES if ns.steps is not None else 2.0
     at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),

@@ -6,9 +6,9 @@ leaves a few-minute run at nearly the peak rate to its end, which says more abou
 about the method (BENCHMARKS.md, "Quality, third pass"). When the testnet has measured the nodes' pace
 (its solo run: every node alone, all at once, so the machine is as loaded as in the testnet), the
 schedule spans the run: `total_steps = steps/s × (run seconds − start-up seconds)`, both medians over
-the solo run's nodes. A run sized in inner steps (`--steps`, the demo's default) takes its length from the
-same pace: `run seconds = start-up seconds + steps ÷ steps/s` (`run_seconds`), so it trains alike on a
-fast machine and on a slow one. Pure.
+the solo run's nodes. A run sized in inner steps (`--steps`, the demo's default) needs no pace: it ends
+when the nodes have taken the steps (`testnet.supervisor`) and its schedule spans them; the pace only
+estimates how long that takes (`run_seconds`). Pure.
 """
 
 from __future__ import annotations

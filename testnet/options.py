@@ -19,7 +19,7 @@ class Options:
 
     nodes: int = 3
     minutes: float = 2.0  # the run's length; with `steps` (or `rounds`), its upper bound
-    steps: int | None = None  # the run's length in inner steps per node, timed by the solo run's pace
+    steps: int | None = None  # the run's length: until the nodes' mean inner steps reach it (at most `minutes`)
     model: str = "tiny"
     inner_steps: int = 20
     outer_momentum: float | None = None  # the nodes' --outer-momentum (None: diloco-node's default, 0.8)
@@ -54,12 +54,14 @@ class Options:
     def schedule_horizon(self) -> int | None:
         """The inner schedule's `total_steps` the testnet sets, or None (the preset's, or `--set`'s):
         with no `total_steps` given, the schedule spans the run: `rounds × inner_steps` with `--rounds`,
-        else the horizon measured from the solo run's pace; a horizon inside the warmup is not used."""
+        `steps` with `--steps`, else the horizon measured from the solo run's pace; a horizon inside the
+        warmup is not used."""
         from node.island.config import preset
 
         if any(item.partition("=")[0].strip().endswith("total_steps") for item in self.overrides):
             return None
-        horizon = self.rounds * self.inner_steps if self.rounds is not None else self.paced_total_steps
+        horizon = self.rounds * self.inner_steps if self.rounds is not None else \
+            self.steps if self.steps is not None else self.paced_total_steps
         if horizon is None or horizon <= preset(self.model).with_overrides_from_strings(self.overrides).inner.warmup_steps:
             return None
         return horizon

@@ -26,7 +26,7 @@ from testnet.faults import FaultPlan, parse_slow
 from testnet.finish import Stage, final_report, verdict
 from testnet.horizon import Pace, horizon_steps, run_seconds
 from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
-from testnet.options import Options, build_plan, check_inputs
+from testnet.options import Options, check_inputs
 from testnet.procs import GroupRegistry
 from testnet.progress import Progress
 from testnet.record import Recorder, RunMeta, load_run
@@ -64,16 +64,18 @@ def say(text: str) -> None:
 
 async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: FaultPlan, o: Options, meta: RunMeta, *,
                      progress: Progress, registry: GroupRegistry, bootstrap: bool = True,
-                     network: WanNetwork | None = None, plan_from_ready: bool = False) -> None:
+                     network: WanNetwork | None = None, plan_from_ready: bool = False,
+                     until_steps: int | None = None) -> None:
     """Run one supervised testnet; `run.json` (with `meta`'s launch and end times, and `interrupted`)
-    is written however it ends. `plan_from_ready`: the plan's clock starts once every node trains."""
+    is written however it ends. `plan_from_ready`: the plan's clock starts once every node trains;
+    `until_steps`: the run ends once the nodes' mean inner steps reach it (`Supervisor`)."""
     recorder = Recorder(run_dir)
     sup = Supervisor(specs, argv_for, recorder, env=node_env(o.jax_cache_dir()), start_timeout=o.start_timeout,
                      stop_grace=o.stop_grace, poll_interval=o.poll_interval,
                      partitioner=NetnsPartitioner(network) if network else ChaosPartitioner(),
                      allows=network.allows if network else is_loopback, registry=registry,
                      notify=progress.notify, on_poll=progress.refresh, bootstrap=bootstrap,
-                     plan_from_ready=plan_from_ready)
+                     plan_from_ready=plan_from_ready, until_steps=until_steps)
     try:
         with progress:
             await sup.run(plan)
@@ -105,8 +107,9 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
     specs = prepare_nodes(solo_dir, o.nodes, o.seed + 1_000_003, exec_prefixes=pins)
     plan = FaultPlan(nodes=o.nodes, duration=o.solo_seconds, seed=o.seed)
     (solo_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
-    say(f"solo run: {o.nodes} isolated nodes, {o.solo_seconds:g} s once every node trains (their pace sets the "
-         "learning-rate schedule to end with the run; the overlap figure)")
+    timed = o.steps is None and o.rounds is None
+    sets = "their pace sets the learning-rate schedule to end with the run; " if timed else ""
+    say(f"solo run: {o.nodes} isolated nodes, {o.solo_seconds:g} s once every node trains ({sets}the overlap figure)")
     meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs])
     # timed from the moment every node trains: on a loaded machine the start-up (JAX compiling in every
     # process at once) can take most of a window counted from the launch, and then no pace is measured
@@ -131,21 +134,17 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
 
 
 def _pace_schedule(o: Options, rates: dict[int, float], startups: list[float]) -> Options:
-    """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`), and with `--steps` the
-    run's length (at most `--minutes`); slowed nodes do not set the pace."""
+    """`o` with the schedule's horizon from the solo run's pace (`testnet.horizon`) for a run timed by
+    `--minutes`; slowed nodes do not set the pace. A run sized by `--steps` or `--rounds` knows its horizon
+    without a pace (`Options.schedule_horizon`): the pace then only tells how long it may take."""
     slowed = {node for node, _ in (parse_slow(s) for s in o.slow)}
     pace = Pace.of([r for node, r in rates.items() if node not in slowed], startups)
     if pace is None:
-        if o.steps is not None:
-            say(f"no pace measured in the solo run: the run lasts --minutes ({o.minutes:g}) instead of "
-                f"{o.steps:,} inner steps per node")
         return o
     if o.steps is not None:
-        seconds = min(o.minutes * 60, run_seconds(pace, o.steps))
-        say(f"run length: {seconds:.0f} s, for {o.steps:,} inner steps per node at the solo run's pace "
-            f"({pace.steps_per_second:.2f} steps/s, {pace.startup_s:.1f} s start-up)"
-            + (f", capped by --minutes {o.minutes:g}" if seconds < run_seconds(pace, o.steps) else ""))
-        o = dataclasses.replace(o, minutes=seconds / 60)
+        say(f"at the solo run's pace ({pace.steps_per_second:.2f} steps/s, {pace.startup_s:.1f} s start-up), "
+            f"{o.steps:,} inner steps take about {run_seconds(pace, o.steps):.0f} s")
+        return o
     paced = dataclasses.replace(o, paced_total_steps=horizon_steps(pace, o.minutes * 60))
     if o.rounds is None and paced.schedule_horizon() is not None:
         length = f"{o.minutes * 60:g} s - {pace.startup_s:.1f} s start-up" if pace.startup_s else \
@@ -172,8 +171,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     for line in plan.describe():
         say(line)
     if o.steps is not None:
-        say(f"run length: {o.steps:,} inner steps per node, timed from the solo run's pace (at most {o.minutes:g} "
-            "minutes, the plan's length until then)")
+        say(f"run length: until the nodes have taken {o.steps:,} inner steps each on average, at most {o.minutes:g} "
+            f"minutes; learning-rate schedule: cosine over those {o.steps:,} steps")
     if o.config_overrides():
         say(f"config overrides (nodes and baseline): {' '.join(o.config_overrides())}")
     if o.plan_only:
@@ -213,9 +212,6 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
             solo_rates, startups = await _solo(o, run_dir, builder, registry, pins)
             # a plan with faults counts the run from the moment every node trains: no start-up inside it
             o = _pace_schedule(o, solo_rates, [] if plan.has_faults else startups)
-            if o.steps is not None:  # its length is known now (no faults: nothing else in the plan moves)
-                plan = build_plan(o)
-                (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
         specs = prepare_nodes(run_dir, o.nodes, o.seed,
                               hosts=[network.host(i) for i in range(o.nodes)] if network else None,
                               exec_prefixes=_prefixes(o.nodes, pins, network),
@@ -231,7 +227,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         # faults count from the moment every node trains, so that each lands inside the window the report
         # measures (a kill during the start-up would move that window and leave the kill out of it)
         await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
-                         registry=registry, network=network, plan_from_ready=plan.has_faults)
+                         registry=registry, network=network, plan_from_ready=plan.has_faults, until_steps=o.steps)
     finally:
         if network is not None:
             for error in network.teardown():

@@ -24,7 +24,9 @@ Contract:
 - A restarted node keeps its key and checkpoint directory, and its ports when it can bind them again
   (otherwise new ports); its bootstrap peers are the nodes up at that moment.
 - With `--max-rounds` the nodes end by themselves: once every node is finished (or crashed), `run`
-  stops early. A node's `STOPPED <slot> <ledger> <params>` line is recorded as a `stopped` event.
+  stops early. With `until_steps` (`diloco-testnet --steps`), `run` also stops early, once the running
+  nodes' mean `inner_steps` (their last `/status`) has reached it. A node's `STOPPED <slot> <ledger>
+  <params>` line is recorded as a `stopped` event.
 - Every event and status sample goes to the `Recorder` (see `testnet.record`); `notify` gets one
   human-readable line per event.
 """
@@ -128,9 +130,10 @@ class Supervisor:
                  poll_interval: float = 1.0, partitioner: Partitioner | None = None,
                  allows: Callable[[str], bool] = is_loopback, notify: Callable[[str], None] = lambda s: None,
                  on_poll: Callable[[list[NodeHandle]], None] = lambda handles: None, bootstrap: bool = True,
-                 registry: GroupRegistry | None = None, plan_from_ready: bool = False) -> None:
+                 registry: GroupRegistry | None = None, plan_from_ready: bool = False,
+                 until_steps: int | None = None) -> None:
         self.handles = [NodeHandle(spec) for spec in specs]
-        self.plan_from_ready = plan_from_ready
+        self.plan_from_ready, self.until_steps = plan_from_ready, until_steps
         self._everyone_ready = trio.Event()
         self.registry = GroupRegistry() if registry is None else registry
         self.recorder, self.notify, self.on_poll, self.bootstrap = recorder, notify, on_poll, bootstrap
@@ -143,7 +146,8 @@ class Supervisor:
         self._active: dict[Partition, float] = {}  # partition -> its end on the trio clock
         self._stopped = False
         self._nursery: trio.Nursery | None = None
-        self._plan_scope = trio.CancelScope()  # cancelled when every node has finished by itself
+        self._plan_scope = trio.CancelScope()  # cancelled when the run ends early (`_end_early`)
+        self._ended_because = ""
         self.client: httpx.AsyncClient = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
         self.t0 = 0.0  # Unix time of node 0's launch
         self._trio_t0 = 0.0
@@ -309,7 +313,7 @@ class Supervisor:
             self.notify(f"node {h.spec.index} exited by itself with status {process.returncode} "
                         f"(see {h.spec.log_path})")
         if all(o.state in ("finished", "crashed") for o in self.handles):
-            self._plan_scope.cancel()
+            self._end_early("every node has finished")
 
     def _stdout_line(self, h: NodeHandle, inc: int, line: str) -> None:
         parts = line.split()
@@ -330,7 +334,23 @@ class Supervisor:
                 self.notify(f"t={self.elapsed():.0f}s: every node trains; {plan.duration:g} s from now")
             await self._execute_actions(plan)
         if self._plan_scope.cancelled_caught:
-            self.notify(f"t={self.elapsed():.0f}s: every node has finished")
+            self.notify(f"t={self.elapsed():.0f}s: {self._ended_because}")
+
+    def _end_early(self, because: str) -> None:
+        """End the plan now (the run then stops every node), saying why; the first reason given stands."""
+        if not self._plan_scope.cancel_called:
+            self._ended_because = because
+            self._plan_scope.cancel()
+
+    def _check_steps(self) -> None:
+        """With `until_steps`: end the plan once the running nodes' mean `inner_steps` has reached it."""
+        running = [h for h in self.handles if h.state == "up"]
+        if self.until_steps is None or not running or any(h.status is None for h in running):
+            return
+        mean = sum(int(h.status.get("inner_steps") or 0) for h in running) / len(running)
+        if mean >= self.until_steps:
+            self._end_early(f"the nodes have taken {mean:,.0f} inner steps each on average "
+                            f"(the run's length: {self.until_steps:,})")
 
     async def _execute_actions(self, plan: FaultPlan) -> None:
         assert self._nursery is not None
@@ -418,6 +438,7 @@ class Supervisor:
         while True:
             await self.poll_once()
             self.on_poll(self.handles)
+            self._check_steps()
             await trio.sleep(self.poll_interval)
 
     def _read_last_status(self, h: NodeHandle) -> None:

@@ -7,8 +7,9 @@ sleeping child in the same process group and write its pid to `<checkpoint-dir>/
 `--die-before-listening` (print an error to stderr and exit 3), `--exit-after-listening CODE` (print
 LISTENING, then an error to stderr, and exit CODE at once, as a node with a bad --data source does),
 `--finish-after S` (print a STOPPED line and exit 0 after S seconds, as a node does after --max-rounds),
-`--tokens-per-step N` (the tokens its counters report per step, 100 by default), `--train-after S` (state
-"syncing" for S seconds after its start, then "training", as a node compiling its steps).
+`--tokens-per-step N` (the tokens its counters report per step, 100 by default), `--steps-per-second R`
+(its pace, 10 by default), `--train-after S` (state "syncing" for S seconds after its start, then
+"training", as a node compiling its steps).
 """
 
 import argparse
@@ -40,7 +41,8 @@ def main():
     p.add_argument("--die-before-listening", action="store_true")
     p.add_argument("--exit-after-listening", type=int, default=None, metavar="CODE")
     p.add_argument("--finish-after", type=float, default=None, help="print STOPPED and exit 0 after this long")
-    p.add_argument("--tokens-per-step", type=int, default=100, help="tokens each of its 10 steps/s counts")
+    p.add_argument("--tokens-per-step", type=int, default=100, help="tokens each of its steps counts")
+    p.add_argument("--steps-per-second", type=float, default=10.0, help="its pace")
     p.add_argument("--train-after", type=float, default=0.0, help="report state syncing for this long first")
     p.add_argument("--publish-on-stop", type=float, default=None, metavar="SECONDS",
                    help="on SIGTERM, count 1 s more of contributed steps (a round the stop cut short, "
@@ -76,14 +78,14 @@ def main():
     def status() -> dict:
         now = stopped_at[0] if stopped_at else time.time()
         published_at_stop = 1.0 if stopped_at else 0.0
-        steps = int((now - started) * 10)
+        steps = int((now - started) * args.steps_per_second)
         state = "training" if now - started >= args.train_after else "syncing"
         return {"peer_id": args.peer_id, "state": state, "slot": steps // 5, "round": steps // 5,
                 "inner_steps": steps, "tokens": steps * args.tokens_per_step, "loss": 3.0, "eval_loss": None,
                 "eval_history": [], "peers": [x for x in args.peers.split(",") if x],
                 "bytes_sent": steps * 1000, "bytes_received": steps * 1000, "updates_applied": steps // 5,
                 "updates_rejected": {}, "ledger_digest": "aa", "params_digest": "bb",
-                "steps_per_second": 10.0, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
+                "steps_per_second": args.steps_per_second, "contributed_step_seconds": (now - started) * 0.9 + published_at_stop,
                 "started_at": started, "first_update_at": started, "cpus": sorted(os.sched_getaffinity(0))}
 
     class Handler(http.server.BaseHTTPRequestHandler):

@@ -26,7 +26,7 @@ def test_defaults_finish_in_a_few_minutes() -> None:
     assert build_plan(o).kills == ()
 
 
-def test_a_run_is_sized_in_steps_or_in_minutes_and_steps_need_the_solo_pace_and_no_timed_faults() -> None:
+def test_a_run_is_sized_in_steps_or_in_minutes_and_steps_go_with_no_timed_faults() -> None:
     from testnet.horizon import Pace, horizon_steps, run_seconds
 
     assert (parse_args(["--minutes", "5"]).steps, parse_args(["--minutes", "5"]).minutes) == (None, 5.0)
@@ -36,9 +36,9 @@ def test_a_run_is_sized_in_steps_or_in_minutes_and_steps_need_the_solo_pace_and_
         assert parse_args(timed).steps is None and parse_args(timed).minutes == 2.0, "faults keep the 2 minutes"
         with pytest.raises(SystemExit):
             parse_args(["--steps", "900", *timed])
-    assert parse_args(["--solo-seconds", "0"]).steps is None, "no pace to time the steps by"
-    with pytest.raises(SystemExit):
-        parse_args(["--steps", "900", "--solo-seconds", "0"])
+    assert parse_args(["--solo-seconds", "0"]).steps == DEMO_STEPS, "the steps are counted, not timed by a pace"
+    assert parse_args(["--steps", "900", "--set", "inner.lr=1e-3"]).config_overrides() == \
+        ("inner.lr=1e-3", "total_steps=900"), "the schedule ends with the run"
     pace = Pace(8.0, 20.0)
     assert run_seconds(pace, 1800) == 245.0 and horizon_steps(pace, run_seconds(pace, 1800)) == 1800
 
@@ -58,7 +58,8 @@ def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_
     from testnet.baseline_run import baseline_argv, baseline_config
     from testnet.nodes import NodeSettings, NodeSpec, node_argv
 
-    assert parse_args([]).config_overrides() == ()
+    assert parse_args([]).config_overrides() == ("total_steps=1800",), "the demo: its 1,800 steps"
+    assert parse_args(["--minutes", "3"]).config_overrides() == (), "a timed run: set by the solo pace"
     o = parse_args(["--rounds", "20", "--inner-steps", "5", "--set", "inner.lr=1e-3"])
     assert o.config_overrides() == ("inner.lr=1e-3", "total_steps=100")
     given = ("inner.total_steps=700",)
@@ -80,7 +81,7 @@ def test_the_demo_defaults_span_the_schedule_and_pass_the_outer_momentum(tmp_pat
     from testnet.nodes import NodeSettings, NodeSpec, node_argv
 
     o = parse_args([])
-    assert o.solo_seconds == 20.0, "the solo phase's pace sets the schedule"
+    assert o.solo_seconds == 20.0, "the solo phase: the overlap figure"
     assert o.outer_momentum is None and build_parser().get_default("outer_momentum") == 0.8, "the node's own"
     spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
 
@@ -112,8 +113,10 @@ def test_a_measured_pace_sets_the_schedule_of_a_timed_run() -> None:
     assert rounds.config_overrides() == ("inner.lr=1e-3", "total_steps=800"), "--rounds wins over the pace"
     given = parse_args(["--set", "total_steps=500"])
     assert _pace_schedule(given, {0: 10.0}, [8.0]).config_overrides() == ("total_steps=500",), "--set wins"
-    short = dataclasses.replace(parse_args([]), paced_total_steps=30)
+    short = dataclasses.replace(parse_args(["--minutes", "1"]), paced_total_steps=30)
     assert short.config_overrides() == (), "inside the warmup: the preset's"
+    steps = parse_args(["--steps", "900"])
+    assert _pace_schedule(steps, {0: 10.0}, [8.0]) == steps, "--steps knows its horizon without the pace"
 
 
 def test_plan_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:

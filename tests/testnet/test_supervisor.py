@@ -99,6 +99,26 @@ async def test_nodes_that_finish_by_themselves_end_the_run_early(tmp_path: Path)
     assert not [e for e in evs if e["event"] == "stop"]  # nothing left to stop
 
 
+async def test_a_run_sized_in_steps_ends_once_the_nodes_mean_steps_reach_it(tmp_path: Path) -> None:
+    """`--steps`: the run ends when the nodes have taken the steps on average (node 1 at half node 0's
+    pace), not after the plan's duration, which is then only an upper bound."""
+    specs = fake_specs(tmp_path, 2)
+    recorder = Recorder(tmp_path)
+    said: list[str] = []
+    sup = Supervisor(specs, fake_argv(per_node={1: ["--steps-per-second", "5"]}), recorder, start_timeout=20,
+                     stop_grace=5, poll_interval=0.05, notify=said.append, until_steps=15)
+    with trio.fail_after(30):
+        await sup.run(FaultPlan(nodes=2, duration=600))  # would take 10 minutes if it did not end early
+    recorder.close()
+    stop = min(e["t"] for e in events(tmp_path) if e["event"] == "stop")
+    samples = [json.loads(line) for line in (tmp_path / "status.jsonl").read_text().splitlines()]
+    last = {node: max((s for s in samples if s["node"] == node and "status" in s and s["t"] < stop),
+                      key=lambda s: s["t"])["status"]["inner_steps"] for node in (0, 1)}
+    assert (last[0] + last[1]) / 2 >= 15 and last[0] > last[1], last
+    assert last[1] < 15 + 5, "not held until the slower node alone had taken the steps"
+    assert any("inner steps each on average" in line for line in said), said
+
+
 async def test_a_plan_from_ready_counts_from_the_moment_every_node_trains(tmp_path: Path) -> None:
     """The solo run's clock (`plan_from_ready`): its duration runs from the last node's first `training`,
     so a slow start-up cannot eat the window in which the pace is measured."""
