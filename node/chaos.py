@@ -199,13 +199,16 @@ class Poison:
 
 
 async def forged_replica(replica: Replica, extra_tokens: int, scale: float = -20.0,
-                         base: Mapping[str, np.ndarray] | None = None) -> Replica:
+                         base: Mapping[str, np.ndarray] | None = None, slots_ahead: int = 0) -> Replica:
     """`replica`'s state, forged (see `ForgeState`): another chain, no window entries, `extra_tokens` more
-    finalized tokens, and as its parameters `base` (default: its window bottom's) times `scale`."""
+    finalized tokens, and as its parameters `base` (default: its window bottom's) times `scale`; its slot
+    `slots_ahead` past the replica's (a fresher claim, which a joiner prefers)."""
     snap, _, _ = await replica.snapshot()
     params = snap.base_params if base is None else base
     forged = dataclasses.replace(
-        snap, entries=(), chain=hashlib.sha256(b"a history nobody trained" + snap.chain).digest(),
+        snap, slot=snap.slot + slots_ahead, base_slot=max(0, snap.slot + slots_ahead - replica.config.window),
+        entries=(),
+        chain=hashlib.sha256(b"a history nobody trained" + snap.chain).digest(),
         applied_tokens=snap.applied_tokens + extra_tokens,
         base_params={n: (np.float32(scale) * p).astype(np.float32) for n, p in params.items()})
     ledger = await trio.to_thread.run_sync(Ledger.from_snapshot, forged, replica.config)

@@ -154,7 +154,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--fork-tolerance", type=float, default=0.1, metavar="FRACTION",
                     help="after a fork, adopt the heavier side's state only if its held-out loss is at most "
                          "(1 + FRACTION) x ours (its weight is its server's word: a hostile peer could claim "
-                         "any); inf: adopt without evaluating (default %(default)s; docs/threat-model.md)")
+                         "any); when joining, take a peer's state only if it is at most that much worse than "
+                         "our starting model; inf: adopt without evaluating (default %(default)s; "
+                         "docs/threat-model.md)")
     ev.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
                     help="checkpoints and blobs; a restart resumes from the newest valid checkpoint here "
                          "(default: none, blobs in a temporary directory)")

@@ -45,7 +45,7 @@ from node.hostconfig import host_config
 from node.outer.intake import Intake
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
-from node.outer.upkeep import BetweenRounds, HeldBlobs
+from node.outer.upkeep import BetweenRounds, HeldBlobs, vet_synced_state
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint
 from node.start import start_state
@@ -214,7 +214,7 @@ class NodeRuntime:
                 synced_slot = None
                 if self.settings.peers and not self.stop_requested():
                     with self.stats.timed("sync"):
-                        synced_slot = await self._join(self.settings.sync_timeout_s)
+                        synced_slot = await self._join(self.settings.sync_timeout_s, warm)
                 with self.stats.timed("warm_up"):
                     await warm.wait()
                 self._follow_run_schedule(synced_slot)  # after the warm-up: one thread at a time on the loop
@@ -267,9 +267,10 @@ class NodeRuntime:
         finally:
             done.set()
 
-    async def _join(self, timeout_s: float | None) -> int | None:
-        """Sync the peers' state if fresher than ours (`node.sync.join`); returns the slot taken, or None.
-        Raises `NoPeerState` after `timeout_s` (None: waits until a peer state comes or a stop)."""
+    async def _join(self, timeout_s: float | None, warm: trio.Event) -> int | None:
+        """Sync the peers' state if fresher than ours (`node.sync.join`), vetted (`vet_synced_state`, once
+        the evaluation is compiled: `warm`); returns the slot taken, or None. Raises `NoPeerState` after
+        `timeout_s` (None: waits until a peer state comes or a stop)."""
         replica = self.replica
         own_digest, _ = await replica.digests()
         result = None
@@ -280,10 +281,13 @@ class NodeRuntime:
         with trio.CancelScope() as self._sync_scope:
             result = await sync_state(self.host, self.settings.run_id, self.ledger_config, self.shapes,
                                       own=(replica.slot, own_digest), bottom=replica.bottom_store, timeout_s=timeout_s,
-                                      retry_s=self.settings.heartbeat_s, waiting=waiting)
+                                      retry_s=self.settings.heartbeat_s, waiting=waiting,
+                                      vet=functools.partial(vet_synced_state, self.settings, self.loop, self.heldout,
+                                                            self.stats, replica, warm))
         self._sync_scope = None
         if result is None:
             return None
+        replica.refused_from.update(result.refused)  # their states are not downloaded again
         await replica.replace(result.ledger, result.seen, result.proofs)
         self.blobs.hold_all(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had

@@ -9,7 +9,8 @@ within its share of the time, checkpoints, and the clean-up of payload blobs.
   manifest, which the same server signs. So one hostile key could claim a heavier history and replace every
   replica's model. A state whose held-out loss is above ``(1 + --fork-tolerance) ×`` the lower of ours now
   and our last evaluations is refused: the heavier side of an honest partition trained as much as ours or
-  more, on the same data.
+  more, on the same data. `held_out_pair` is that comparison; the runtime vets a state it joins from with
+  it too, against its own starting model (`node.sync.join`).
 - `checkpoint` when `checkpoint_due` (`--checkpoint-every` rounds and `--checkpoint-interval` seconds): the
   state is taken at once, between rounds, so its parts agree; the file is written in a worker thread, in the
   background while the next round trains; one write at a time, so the final checkpoint lands last.
@@ -37,13 +38,48 @@ from node.outer.replica import Proposal, Replica
 from node.outer.resume import encode_ledger_part
 from node.settings import NodeSettings
 from node.status import NodeStats
+from node.sync.join import Choice
 from p2p import Host
 from protocol.compression import ErrorFeedback
+from protocol.ledger import Ledger
 from protocol.ledger.proof import proofs_doc
 
-__all__ = ["BetweenRounds", "HeldBlobs"]
+__all__ = ["BetweenRounds", "HeldBlobs", "held_out_pair", "vet_synced_state"]
 
 log = logging.getLogger("node.outer.upkeep")
+
+
+async def held_out_pair(loop: InnerLoop, heldout: list, stats: NodeStats, ours, theirs) -> tuple[float, float]:
+    """The held-out losses of two sets of parameters on the same batches, in a worker thread (timed as
+    `evaluate`)."""
+
+    def both() -> tuple[float, float]:
+        return loop.evaluate(heldout, params=ours), loop.evaluate(heldout, params=theirs)
+
+    with stats.timed("evaluate"):
+        return await trio.to_thread.run_sync(both)
+
+
+async def vet_synced_state(settings: NodeSettings, loop: InnerLoop, heldout: list, stats: NodeStats,
+                           replica: Replica, warm: trio.Event, choice: Choice, ledger: Ledger) -> bool:
+    """Whether a state downloaded to join (`node.sync.join`) may be taken: its held-out loss no more than
+    `--fork-tolerance` above the node's own starting model's (fresh, or its checkpoint's). A joiner has
+    nothing better to compare with; a run's state, trained, is better than a fresh model, and garbage
+    parameters are not. Refusals are counted (`state-refused`). Waits for `warm` (the evaluation step
+    compiled, concurrently with the sync). Passes without held-out batches or with `--fork-tolerance inf`."""
+    tolerance = settings.fork_tolerance
+    if not heldout or math.isinf(tolerance):
+        return True
+    await warm.wait()
+    ours_loss, theirs_loss = await held_out_pair(loop, heldout, stats, await replica.params(), ledger.params())
+    ok = math.isfinite(theirs_loss) and theirs_loss <= ours_loss * (1.0 + tolerance)
+    log.log(logging.INFO if ok else logging.WARNING,
+            "the state of slot %d from %s: held-out %.4f %s against our starting model's %.4f: %s",
+            choice.manifest.slot, ", ".join(choice.confirmed_by), theirs_loss, loop.model.metric, ours_loss,
+            "taking it" if ok else f"more than {tolerance:.0%} worse, refused")
+    if not ok:
+        replica.outcomes["state-refused"] += 1
+    return ok
 
 
 class HeldBlobs:
@@ -117,12 +153,7 @@ class BetweenRounds:
             return True
         ours = await self.replica.params()
         theirs = proposal.ledger.params()  # not shared: the proposal's ledger is this replica's only once adopted
-
-        def both() -> tuple[float, float]:
-            return self.loop.evaluate(self.heldout, params=ours), self.loop.evaluate(self.heldout, params=theirs)
-
-        with self.stats.timed("evaluate"):
-            ours_loss, theirs_loss = await trio.to_thread.run_sync(both)
+        ours_loss, theirs_loss = await held_out_pair(self.loop, self.heldout, self.stats, ours, theirs)
         recent = [p[2] for p in self.stats.eval_history[-3:]]
         reference = min([ours_loss, *recent])
         ok = math.isfinite(theirs_loss) and theirs_loss <= reference * (1.0 + tolerance)

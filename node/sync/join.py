@@ -17,6 +17,11 @@ parallel, each piece checked against the signed params digest's hash tree before
 loaded ledger's digests must equal the manifest's (`bad_state` if not, and the next candidate is
 tried). A node whose own state is as fresh keeps it.
 
+A state is then vetted (`vet`, the runtime's: its model against the node's own on its held-out batches):
+a state refused there is not taken, and the peers that served it are not asked again during this join
+(`SyncResult.refused`). Its weight and its slot are the donors' word, its parameters only hash to what they
+signed, so a peer could otherwise hand a joiner garbage parameters with the freshest claim.
+
 A node given bootstrap peers never starts a run of its own: while no peer is connected (a wrong or not
 yet started `--peers` address) it keeps waiting, its dials retried with backoff and each failure logged
 (`p2p.Host.dial_failures`); what it waits for is in `/status` (`waiting_for`). Only when every connected
@@ -28,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -44,7 +49,7 @@ from protocol.messages import Signed, StateManifest
 from protocol.validation import Validator
 
 __all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest",
-           "fetch_manifests", "sync_state"]
+           "fetch_manifests", "StateVet", "sync_state"]
 
 log = logging.getLogger("node.sync.join")
 
@@ -149,13 +154,17 @@ class SyncResult:
     choice: Choice
     payloads: tuple[tuple[int, str], ...] = ()
     proofs: Mapping[bytes, UpdateProof] = field(default_factory=dict)  # its entries' (checked)
+    refused: frozenset[str] = frozenset()  # peers whose states the vet refused during this join
+
+
+StateVet = Callable[[Choice, Ledger], Awaitable[bool]]  # whether the downloaded state may be taken
 
 
 async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]], *,
                      own: tuple[int, bytes] | None, timeout_s: float | None, retry_s: float,
                      bottom: BottomStore | None = None,
                      waiting: Callable[[str | None], None] = lambda what: None,
-                     on_piece: PieceHook | None = None) -> SyncResult | None:
+                     on_piece: PieceHook | None = None, vet: StateVet | None = None) -> SyncResult | None:
     """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest):
     no peer is fresher than ours, every connected peer asked three times in a row had no state either
     (all syncing, e.g. a whole run starting or restarting at once: they start together).
@@ -163,9 +172,11 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     it is stopped rather than train alone).
     Waits `retry_s` between asks; asks up to three times for a confirmed state before settling for an
     unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting); `on_piece(peer,
-    index)` of every verified bottom piece (`node.sync.statefetch`)."""
+    index)` of every verified bottom piece (`node.sync.statefetch`). `vet(choice, ledger)` may refuse a
+    downloaded state (module doc): its donors' states are then left out of the rest of this join."""
     deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
     unconfirmed_tries = empty_asks = 0
+    refused: set[str] = set()
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
             while trio.current_time() < deadline:
@@ -178,7 +189,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                 if empty_asks >= 3 and own is not None:
                     log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
                     return None
-                choices = choose(manifests)
+                choices = choose([m for m in manifests if m.origin not in refused])
                 if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
                     best = choices[0]
                     if own is not None and (best.manifest.slot < own[0] or
@@ -208,17 +219,21 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                             log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
                                         choice.confirmed_by, exc)
                             continue
+                        if vet is not None and not await vet(choice, loaded.ledger):
+                            refused.update(choice.confirmed_by)
+                            continue
                         log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
                                  choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
                         return SyncResult(loaded.ledger, loaded.meta.seen, choice,
-                                          tuple(loaded.fetched_payloads()), loaded.proofs())
+                                          tuple(loaded.fetched_payloads()), loaded.proofs(), frozenset(refused))
                 if choices:
                     unconfirmed_tries += 1
                     waiting("a second peer to confirm the state of slot "
                             f"{choices[0].manifest.slot} (try {unconfirmed_tries} of 3)")
                 else:
-                    waiting(f"a usable state from {len(host.connected_peers())} connected peer(s) "
-                            f"({'all syncing too' if all_syncing else 'none served one yet'})")
+                    why = "all syncing too" if all_syncing else "none served one yet" if not refused else \
+                        f"the states of {len(refused)} refused by the vet"
+                    waiting(f"a usable state from {len(host.connected_peers())} connected peer(s) ({why})")
                 await trio.sleep(retry_s)
     finally:
         waiting(None)

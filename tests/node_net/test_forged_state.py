@@ -6,7 +6,8 @@ they win the fork choice: the node is told to adopt it, and without the vet its 
 garbage parameters (`Replica.adopt_pending` installs the proposal's ledger).
 
 The node evaluates the state before adopting it and refuses it: counted (`fork-refused`), its held-out
-loss unharmed, the forger's states never downloaded again.
+loss unharmed, the forger's states never downloaded again. A joiner, with no trained model, vets the state
+it downloaded against its starting model the same way (`state-refused`).
 """
 
 from __future__ import annotations
@@ -120,3 +121,30 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
                 forger.peer_id] + ADOPTION_COOLDOWN_WINDOWS * a.replica.config.window
             await stop(nursery, nodes)
     assert a.replica.outcomes["fork-adopted"] == 1 and not a.replica.outcomes["fork-refused"]
+
+
+async def test_a_joiner_refuses_a_forged_fresher_state_and_joins_from_an_honest_peer(tmp_path: Path,
+                                                                                   jax_persistent_cache) -> None:
+    """A joiner prefers the freshest state when no two peers agree; the forger claims one 50 slots ahead
+    with garbage parameters. The joiner evaluates it against its own starting model, refuses it, takes the
+    honest peer's state, and never downloads the forger's again."""
+    with trio.fail_after(180):
+        async with trio.open_nursery() as nursery:
+            a = NodeRuntime(settings(tmp_path, "a"))
+            await nursery.start(a.run)
+            await wait_for(lambda: len(a.stats.eval_history) >= 3, 120, "a trained")
+            config = dataclasses.replace(fast_host_config(tmp_path, "forger", RUN, (a.host.gossip_addr,)),
+                                         run_config=a.host.config.run_config)
+            forger = await nursery.start(p2p.run, config)
+            server = StateServer(forger)
+            server.mount()
+            server.serve(await forged_replica(a.replica, 2**40, slots_ahead=50))
+            joiner = NodeRuntime(settings(tmp_path, "j", (forger.gossip_addr, a.host.gossip_addr)))
+            await nursery.start(joiner.run)
+            await wait_for(lambda: joiner.stats.eval_history, 120, "the joiner evaluated")
+            assert joiner.stats.sync["confirmed_by"] == [a.peer_id], joiner.stats.sync
+            assert joiner.replica.outcomes["state-refused"] == 1
+            assert forger.peer_id in joiner.replica.refused_from
+            best = min(p[2] for p in a.stats.eval_history)
+            assert joiner.stats.eval_history[0][2] < 1.5 * best, (joiner.stats.eval_history, best)
+            await stop(nursery, [a, joiner])
