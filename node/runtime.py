@@ -287,7 +287,8 @@ class NodeRuntime:
         self._sync_scope = None
         if result is None:
             return None
-        replica.refused_from.update(result.refused)  # their states are not downloaded again
+        for peer in result.refused:  # their states are not downloaded for a while
+            replica.refuse(peer)
         await replica.replace(result.ledger, result.seen, result.proofs)
         self.blobs.hold_all(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had

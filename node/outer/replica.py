@@ -53,6 +53,13 @@ __all__ = ["ADOPTION_COOLDOWN_WINDOWS", "APPLIED", "Adopted", "Proposal", "Repli
 log = logging.getLogger("node.outer.replica")
 
 ADOPTION_COOLDOWN_WINDOWS = 4  # after adopting a state of a peer, none of its for this many windows of slots
+
+
+def refusal_slots(refusals: int, window: int) -> int:
+    """Slots for which a peer's states are not downloaded after the vet refused `refusals` of them, doubled
+    with each: a forger's garbage costs a download ever more rarely, and an honest heavier side that
+    evaluated worse (few held-out batches; both sides train on) is vetted again, so an honest fork ends."""
+    return ADOPTION_COOLDOWN_WINDOWS * window * 2 ** (refusals - 1)
 T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
@@ -131,7 +138,7 @@ class Replica:
         self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
         self.state_download = trio.Lock()  # held by the one whole-state download for a proposal (node.sync.repair)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
-        self.refused_from: set[str] = set()  # peers whose proposed state `adopt_pending`'s vet refused: never again
+        self.refusals: dict[str, tuple[int, int]] = {}  # peer → (our slot at its last refused state, refusals)
         self.adopted_from: dict[str, int] = {}  # peer → our slot when this process last adopted a state of it
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
@@ -420,6 +427,20 @@ class Replica:
         at = self.adopted_from.get(peer)
         return at is not None and self.slot - at < ADOPTION_COOLDOWN_WINDOWS * self.config.window
 
+    def refuse(self, peer: str) -> None:
+        """A vet (a fork's, or a join's) refused a state of `peer`: none is downloaded for `refusal_slots`."""
+        self.refusals[peer] = (self.slot, self.refusals.get(peer, (0, 0))[1] + 1)
+
+    def refused_recently(self, peer: str) -> bool:
+        """Whether a state of `peer` was refused less than `refusal_slots` slots ago."""
+        at, count = self.refusals.get(peer, (0, 0))
+        return count > 0 and self.slot - at < refusal_slots(count, self.config.window)
+
+    @property
+    def refused_from(self) -> frozenset[str]:
+        """The peers whose states are not downloaded now (`refused_recently`)."""
+        return frozenset(peer for peer in self.refusals if self.refused_recently(peer))
+
     def propose(self, proposal: Proposal) -> None:
         """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
         self.pending = proposal
@@ -439,8 +460,8 @@ class Replica:
         whatever the age of the snapshot: the replicas' weights only grow, and the comparisons end.
 
         `vet(proposal)` (the runtime's: `node.outer.upkeep.BetweenRounds.vet`, a held-out comparison of the
-        two models) may refuse it: counted (`fork-refused`), and its origin is put in `refused_from`, whose
-        states are not downloaded again (`node.sync.repair`)."""
+        two models) may refuse it: counted (`fork-refused`), and none of its origin's states is downloaded
+        for a while (`refuse`, `node.sync.repair`)."""
         proposal, self.pending = self.pending, None
         if proposal is None:
             return None
@@ -452,7 +473,7 @@ class Replica:
                         "windows ago", proposal.origin, self.adopted_from[proposal.origin], ADOPTION_COOLDOWN_WINDOWS)
             return None
         if vet is not None and not await vet(proposal):
-            self.refused_from.add(proposal.origin)
+            self.refuse(proposal.origin)
             self.outcomes["fork-refused"] += 1
             return None
 

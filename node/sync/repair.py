@@ -12,7 +12,8 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`) unless
   its model is worse than ours (`node.outer.upkeep.BetweenRounds.vet`): a peer whose state was refused
-  that way is not downloaded from again (`Replica.refused_from`; its weight is its own word), nor one whose
+  that way is not downloaded from for `ADOPTION_COOLDOWN_WINDOWS` windows of slots, doubled with each refusal
+  (`Replica.refused_recently`; its weight is its own word), nor one whose
   state was adopted less than `ADOPTION_COOLDOWN_WINDOWS` windows of slots ago (`Replica.adopted_recently`). One
   such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
   whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
@@ -150,9 +151,9 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     else:
         replica.forked_with.add(peer)  # compare again next round, until compatible
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
-    if verdict.adopt and peer in replica.refused_from:
-        log.info("repair from %s: its state is heavier, but one of its states was refused as a worse model: "
-                 "not downloading it", peer)
+    if verdict.adopt and replica.refused_recently(peer):
+        log.info("repair from %s: its state is heavier, but a state of it was refused as a worse model at slot "
+                 "%d: not downloading it yet", peer, replica.refusals[peer][0])
         return RepairResult(0, unplaced, fork="refused")
     if verdict.adopt and replica.adopted_recently(peer):
         log.warning("repair from %s: its state is heavier, but a state of it was adopted at slot %d, less than %d "

@@ -6,7 +6,7 @@ they win the fork choice: the node is told to adopt it, and without the vet its 
 garbage parameters (`Replica.adopt_pending` installs the proposal's ledger).
 
 The node evaluates the state before adopting it and refuses it: counted (`fork-refused`), its held-out
-loss unharmed, the forger's states never downloaded again. A joiner, with no trained model, vets the state
+loss unharmed, the forger's states not downloaded for a while. A joiner, with no trained model, vets the state
 it downloaded against its starting model the same way (`state-refused`).
 """
 
@@ -87,7 +87,7 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
 
             await wait_for(lambda: a.replica.outcomes["fork-refused"] == 1, 60, "a's vet refused it")
             again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
-            assert again is not None and again.fork == "refused", again  # not downloaded again
+            assert again is not None and again.fork == "refused", again  # not downloaded again so soon
             await wait_for(lambda: len(evaluations_after(a, tokens)) >= 3, 60, "a trained on")
             async with httpx.AsyncClient() as client:
                 status = (await client.get(f"http://{a.host.http_addr}/status")).json()
@@ -127,7 +127,7 @@ async def test_a_joiner_refuses_a_forged_fresher_state_and_joins_from_an_honest_
                                                                                    jax_persistent_cache) -> None:
     """A joiner prefers the freshest state when no two peers agree; the forger claims one 50 slots ahead
     with garbage parameters. The joiner evaluates it against its own starting model, refuses it, takes the
-    honest peer's state, and never downloads the forger's again."""
+    honest peer's state, and does not download the forger's again for a while."""
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
             a = NodeRuntime(settings(tmp_path, "a"))
