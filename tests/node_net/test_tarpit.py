@@ -1,7 +1,8 @@
 """Tier (c): a tarpitting peer does not slow the intake of updates from honest peers.
 
-Three nodes train a fixed number of rounds, twice: all honest, then with the third one started with
-`--misbehave tarpit` (it trains and publishes honestly, but serves every blob one byte per 20 s). Node a's
+Three nodes train a fixed number of rounds, in two separate networks side by side on the same machine: all
+honest, and with the third one started with `--misbehave tarpit` (it trains and publishes honestly, but
+serves every blob one byte per 20 s). Node a's
 intake of node b's updates is measured in both runs from the logs: for each update b published, whether a
 fetched its blob within `ON_TIME_S` of the publication. The tarpitted run must take at least
 `1 - TOLERANCE` of the honest run's on-time count, and a must have dropped the tarpit's downloads as
@@ -25,15 +26,21 @@ ON_TIME_S = 5.0  # a few rounds: a download held up by a tarpit takes ~20 s per 
 TOLERANCE = 0.20
 START_S = 180.0
 
-def _on_time_intake(cluster, prefix: str, third: list[str]) -> tuple[int, int, str]:
-    """Run a, b and a third node to the end; how many of b's updates a fetched within ON_TIME_S, of how
-    many b published; and a's log."""
+def _start(cluster, prefix: str, third: list[str]) -> tuple:
+    """Start a, b and a third node (each network knows only its own a): (a, b, the third)."""
     a = cluster(f"{prefix}a", *COMMON)
     a.wait_listening(START_S)
     b = cluster(f"{prefix}b", *COMMON, "--peers", a.gossip)
     other = cluster(f"{prefix}c", *COMMON, *third, "--peers", a.gossip)
     for node in (b, other):
         node.wait_listening(START_S)
+    return a, b, other
+
+
+def _on_time_intake(run: tuple) -> tuple[int, int, str]:
+    """Run a network to the end; how many of b's updates a fetched within ON_TIME_S, of how many b
+    published; and a's log."""
+    a, b, other = run
     for node in (a, b):
         assert node.wait_exit(300.0) == 0, node.log_tail()
     other.kill()
@@ -43,9 +50,11 @@ def _on_time_intake(cluster, prefix: str, third: list[str]) -> tuple[int, int, s
 
 
 def test_a_tarpitting_peer_does_not_slow_the_intake_of_honest_updates(cluster) -> None:
-    honest, published, _ = _on_time_intake(cluster, "honest-", [])
+    honest_run = _start(cluster, "honest-", [])
+    tarpit_run = _start(cluster, "tarpit-", ["--misbehave", "tarpit"])
+    honest, published, _ = _on_time_intake(honest_run)
     assert honest >= published // 2, f"without a tarpit, {honest} of {published} of b's updates reached a on time"
-    tarpitted, published_t, log = _on_time_intake(cluster, "tarpit-", ["--misbehave", "tarpit"])
+    tarpitted, published_t, log = _on_time_intake(tarpit_run)
     assert tarpitted >= (1 - TOLERANCE) * honest, (
         f"with a tarpit {tarpitted} of {published_t} of b's updates reached a within {ON_TIME_S} s; "
         f"without, {honest} of {published}")
