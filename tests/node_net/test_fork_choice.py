@@ -29,10 +29,15 @@ def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), slowdown: float 
     # Heartbeats of 0.4 s: with 0.2 s, a process starved by other jobs on 2 cores missed 5 of them and the
     # nodes took each other for gone (a drain then ends "alone"). Four held-out batches (the node's default)
     # for the vet of the heavier side's state: with one (256 bytes), an honest side once evaluated 13% worse
-    # than the lighter one, past the 10% tolerance, and the sides stayed forked.
+    # than the lighter one, past the 10% tolerance, and the sides stayed forked. Even with four, this test's
+    # model (lr 1e-2, rounds of milliseconds, outer steps through the churn's small forks) left honest heavier
+    # states 15% and 30% worse than the lighter side's (5.37 and 6.12 against 4.69 bits per byte, the suite on
+    # two workers), so the vet's tolerance here is 50%: this test is about the fork choice converging, and a
+    # forger's garbage, which the vet is for, evaluates tens of times worse (263 against 3.9 bits per byte in
+    # BENCHMARKS.md's forge bench; tests/node_net/test_forged_state.py).
     return NodeSettings(run_id="fork", key_path=tmp / name / "key", peers=peers, overrides=SMALL, inner_steps=2,
                         max_rounds=max_rounds, eval_every=0, eval_batches=4, heartbeat_s=0.4, drain_timeout_s=30.0,
-                        window=WINDOW, slowdown=slowdown)
+                        window=WINDOW, slowdown=slowdown, fork_tolerance=0.5)
 
 
 async def test_sides_of_a_partition_longer_than_the_window_converge_after_it_heals(tmp_path: Path,
