@@ -406,6 +406,7 @@ class NodeRuntime:
         upkeep = self.upkeep
         if self.settings.eval_every and not self.stats.eval_history:
             await upkeep.evaluate()  # the starting point of the curve (compiled by the warm-up)
+        await self.rounds.recover_deferred()
         if not await self.rounds.run_round() or self.stop_requested():  # a stop: the final checkpoint follows
             return
         self._progress("training")

@@ -18,7 +18,9 @@ another run or peer, has fewer steps than a round's minimum (`MIN_ROUND_FRACTION
 for real work), its base has left the window (too stale to help), or the run already holds an update
 this node published after the journaled round started (an update's seqno is its publication time): the
 journal then comes from a restored copy of the directory, and its round was published, or superseded,
-by the process that went on (a round is never published twice).
+by the process that went on (a round is never published twice). A round whose base slot the new process's
+replica has not closed yet (the killed process closed it after its last checkpoint) waits: it is published
+before the first round that starts once the replica has closed that slot (`Rounds.recover_deferred`).
 
 Cost: one write of 4 bytes per parameter (plus the device-to-host copy) at most every `every_s` seconds
 and, measured on the write itself, never more than 5% of the round's time (`JournalCadence`). The file
@@ -44,7 +46,7 @@ import numpy as np
 
 from node.checkpoint import Checkpoint, CheckpointError, read_checkpoint, write_checkpoint
 
-__all__ = ["InflightJournal", "InflightRound", "JournalCadence", "unpublishable"]
+__all__ = ["InflightJournal", "InflightRound", "JournalCadence", "unpublishable", "waits_for_base"]
 
 log = logging.getLogger("node.outer.inflight")
 
@@ -166,11 +168,11 @@ class InflightJournal:
 def unpublishable(inflight: InflightRound, *, slot: int, window: int, own_seqnos: Iterable[int],
                   min_steps: int) -> str | None:
     """Why a journaled round must not be published by a node whose replica has closed `slot` slots (window
-    `window`) and holds updates of its own with these seqnos; None when it may. In this order: the run holds
-    an update this node published after the round started (a seqno is at least its publication time in
-    microseconds: the journal comes from a restored copy of the directory, the round was published or
-    superseded by the process that went on); fewer steps than a round's minimum; a base ahead of the
-    replica (no state sync happened); a base below the window."""
+    `window`) and holds updates of its own with these seqnos; None when it may (now, or once the replica
+    reaches its base: `waits_for_base`). In this order: the run holds an update this node published after
+    the round started (a seqno is at least its publication time in microseconds: the journal comes from a
+    restored copy of the directory, the round was published or superseded by the process that went on);
+    fewer steps than a round's minimum; a base below the window."""
     since = int(inflight.started_at * 1e6)
     later = sum(seqno >= since for seqno in own_seqnos)
     if later:
@@ -178,11 +180,17 @@ def unpublishable(inflight: InflightRound, *, slot: int, window: int, own_seqnos
                 f"or superseded (a restored copy of the directory?)")
     if inflight.steps < min_steps:
         return f"{inflight.steps} steps, fewer than a round's minimum of {min_steps}"
-    if inflight.base_slot > slot:
-        return f"its base slot {inflight.base_slot} is ahead of this replica's slot {slot}"
     if inflight.base_slot < (bottom := max(0, slot - window)):
         return f"its base slot {inflight.base_slot} has left the window (bottom {bottom})"
     return None
+
+
+def waits_for_base(inflight: InflightRound, slot: int) -> bool:
+    """Whether a journaled round's base is ahead of a replica that has closed `slot` slots, so it cannot be
+    published yet (an update's base is a slot its sender has closed). It happens when the killed process
+    had closed the round's base slot after its last checkpoint and the peers had not: the new process
+    resumes one slot behind and publishes the round once its replica closes that slot too."""
+    return inflight.base_slot > slot
 
 
 def _from_checkpoint(ckpt: Checkpoint) -> InflightRound:

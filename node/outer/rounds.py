@@ -37,7 +37,7 @@ import trio
 
 from node.chaos import Misbehave, Poison, Slowdown
 from node.checkpoint import CheckpointDir
-from node.outer.inflight import InflightJournal, InflightRound, unpublishable
+from node.outer.inflight import InflightJournal, InflightRound, unpublishable, waits_for_base
 from node.outer.outer_files import map_blob
 from node.outer.peerclock import PeerRoundClock
 from node.outer.rebase import BaseShift
@@ -135,6 +135,7 @@ class Rounds:
         self.pending: PendingUpdate | None = None  # this node's last update while its slot may be open
         self._round_started_at = 0.0  # the host's clock when the round in progress started (its journal)
         self.published_at_stop: str | None = None  # the payload blob of the round a stop cut short, once published
+        self.deferred: InflightRound | None = None  # a previous process's round whose base slot is still ahead
 
     @property
     def last_round(self) -> bool:
@@ -201,17 +202,41 @@ class Rounds:
     async def recover(self, inflight: InflightRound) -> bool:
         """Publish the round a previous process of this node had in flight when it ended (`node.outer.inflight`),
         as a late update from the base it followed: call once, after the state sync and before the first
-        round. Its batches are not drawn again. Dropped (logged) for the reasons of `inflight.unpublishable`.
-        True if it was published."""
+        round. Its batches are not drawn again. Dropped (logged) for the reasons of `inflight.unpublishable`;
+        kept for `recover_deferred` while its base is ahead of the replica. True if it was published."""
         own = await self.replica.updates_of(self.stats.peer_id)
         seqnos = [proof.seqno for m in own if (proof := self.replica.proofs.get(m.update_id)) is not None]
         why = unpublishable(inflight, slot=self.replica.slot, window=self.settings.window, own_seqnos=seqnos,
                             min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
-        self.journal.clear()
+        self.journal.clear()  # a round in memory only from here: the new rounds journal to the same file
         if why is not None:
             log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
                         inflight.steps, why)
             return False
+        if waits_for_base(inflight, self.replica.slot):
+            self.deferred = inflight
+            log.info("round %d of the previous process (%d steps in flight) waits for this replica to close its "
+                     "base slot %d (now %d)", inflight.round, inflight.steps, inflight.base_slot, self.replica.slot)
+            return False
+        return await self._publish_recovered(inflight)
+
+    async def recover_deferred(self) -> bool:
+        """Between rounds: publish the previous process's round that `recover` kept, once the replica has closed
+        its base slot (dropped, logged, if its base has left the window by then). True if it was published."""
+        inflight = self.deferred
+        if inflight is None or waits_for_base(inflight, self.replica.slot):
+            return False
+        self.deferred = None
+        # the checks on own updates and steps passed in `recover`; this process's own rounds came after it
+        why = unpublishable(inflight, slot=self.replica.slot, window=self.settings.window, own_seqnos=(),
+                            min_steps=0)
+        if why is not None:
+            log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
+                        inflight.steps, why)
+            return False
+        return await self._publish_recovered(inflight)
+
+    async def _publish_recovered(self, inflight: InflightRound) -> bool:
         self.loop.batches.seek(max(self.loop.batches.position, inflight.data_position))
         payload, norms = await trio.to_thread.run_sync(compress, self.feedback, dict(inflight.delta))
         try:

@@ -195,31 +195,53 @@ async def _own_update(rounds: Rounds, base_slot: int, published_at: float) -> No
     rounds.replica.proofs[update_id] = UpdateProof(seqno=int(published_at * 1e6), signature=b"")
 
 
-@pytest.mark.parametrize("case", ["too few steps", "base ahead", "left the window", "published since"])
+@pytest.mark.parametrize("case", ["too few steps", "left the window", "published since"])
 async def test_a_round_in_flight_that_cannot_stand_as_an_update_is_dropped(tmp_path: Path, caplog, case) -> None:
     """`Rounds.recover` publishes nothing (no host is needed: it never reaches it) and removes the journal
-    when the journaled round has fewer steps than a round's minimum (H/8), a base ahead of the replica (no
-    state sync happened), a base below the window, or when the run holds an update this node published
-    after that round started (the journal came from a restored copy: published already). An update of
-    this node published before the round started, from the same base (a round that trained through an
-    open slot), is no such reason."""
+    when the journaled round has fewer steps than a round's minimum (H/8), a base below the window, or when
+    the run holds an update this node published after that round started (the journal came from a restored
+    copy: published already). An update of this node published before the round started, from the same
+    base (a round that trained through an open slot), is no such reason."""
     rounds = make_rounds(tmp_path, inner_steps=50)
     for _ in range(6):
         await rounds.replica.close_open()
     await _own_update(rounds, base_slot=6, published_at=980.0)  # the round before the journaled one
     if case == "published since":
         await _own_update(rounds, base_slot=6, published_at=1000.0)
-    inflight = _inflight(rounds, **{"too few steps": {"steps": 6}, "base ahead": {"base_slot": 7},
-                                    "left the window": {"base_slot": 1}, "published since": {}}[case])
+    inflight = _inflight(rounds, **{"too few steps": {"steps": 6}, "left the window": {"base_slot": 1},
+                                    "published since": {}}[case])
     rounds.journal.write(inflight)
     with caplog.at_level(logging.WARNING, logger="node.outer.rounds"):
         assert not await rounds.recover(inflight)
-    expected = {"too few steps": "fewer than a round's minimum of 7", "base ahead": "ahead of this replica's slot 6",
-                "left the window": "has left the window (bottom 2)",
+    expected = {"too few steps": "fewer than a round's minimum of 7", "left the window": "has left the window (bottom 2)",
                 "published since": "1 update(s) this node published after that round started"}[case]
     assert expected in caplog.text, caplog.text
     assert not rounds.journal.path.exists() and rounds.stats.recovered_rounds == 0
     assert rounds.stats.updates_published == 0
+
+
+async def test_a_round_in_flight_whose_base_is_ahead_waits_for_the_replica_and_is_dropped_once_out_of_the_window(
+        tmp_path: Path, caplog) -> None:
+    """A journaled round whose base slot the replica has not closed (the killed process closed it after its
+    last checkpoint) is kept in memory, not published, and its journal removed (the new rounds journal to the
+    same file); `recover_deferred` leaves it while the base is still ahead, and drops it with its reason if
+    the replica jumped past the base's window before a round boundary saw it. (Its publication once the
+    replica reaches the base: tests/node_net/test_inflight_recovery.py.)"""
+    rounds = make_rounds(tmp_path, inner_steps=50)
+    for _ in range(6):
+        await rounds.replica.close_open()
+    inflight = _inflight(rounds, base_slot=7)
+    rounds.journal.write(inflight)
+    with caplog.at_level(logging.INFO, logger="node.outer.rounds"):
+        assert not await rounds.recover(inflight)
+        assert rounds.deferred is inflight and not rounds.journal.path.exists()
+        assert "waits for this replica to close its base slot 7 (now 6)" in caplog.text
+        assert not await rounds.recover_deferred() and rounds.deferred is inflight, "slot 6: still ahead"
+        for _ in range(6):  # slot 12, window 4: the base, 7, is below the window's bottom, 8
+            await rounds.replica.close_open()
+        assert not await rounds.recover_deferred() and rounds.deferred is None
+    assert "has left the window (bottom 8)" in caplog.text, caplog.text
+    assert rounds.stats.recovered_rounds == 0 and rounds.stats.updates_published == 0
 
 
 def test_the_journal_is_on_only_with_a_checkpoint_directory_and_an_interval(tmp_path: Path) -> None:
