@@ -14,6 +14,7 @@ the real ledger, inner loop and p2p host; node b trains long rounds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -58,8 +59,8 @@ async def _applied_by(a: NodeRuntime, origin: str, steps: int) -> list:
     return ours
 
 
-async def _crash_in_a_round(tmp_path: Path, nursery: trio.Nursery, peers: tuple[str, ...]):
-    """Start b, let it crash in the middle of its second round; (b's journal, the round it holds)."""
+async def _crash_in_a_round(tmp_path: Path, peers: tuple[str, ...]):
+    """Start b, let it crash in the middle of its second round; (b's peer id, its journal, the round it holds)."""
     b = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))  # long rounds: crashed in one
     journal, journaled = _journal_of(tmp_path, b)
     async with trio.open_nursery() as b_scope:
@@ -76,26 +77,30 @@ async def _crash_in_a_round(tmp_path: Path, nursery: trio.Nursery, peers: tuple[
     return b.peer_id, journal, crashed
 
 
-async def test_a_round_in_flight_at_a_crash_is_published_by_the_next_start(tmp_path: Path,
-                                                                           jax_persistent_cache) -> None:
+@contextlib.asynccontextmanager
+async def _b_crashed_beside_a(tmp_path: Path, timeout_s: float):
+    """Node a training, and b crashed in a round: (a nursery, a, b's peer id, b's journal, the round it holds)."""
     await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
-    with trio.fail_after(150):
+    with trio.fail_after(timeout_s):
         async with trio.open_nursery() as nursery:
             a = NodeRuntime(settings(tmp_path, "a", slowdown=4.0))
             await nursery.start(a.run)
-            peers = (a.host.gossip_addr,)
-            b_id, journal, crashed = await _crash_in_a_round(tmp_path, nursery, peers)
+            yield nursery, a, *await _crash_in_a_round(tmp_path, (a.host.gossip_addr,))
 
-            again = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))
-            await nursery.start(again.run)
-            await wait_for(lambda: again.stats.recovered_rounds == 1, 60, "the round recovered")
-            assert again.stats.recovered_step_seconds == crashed.seconds
-            assert not journal.path.exists(), "published once: the journal is gone"
-            (meta,) = await _applied_by(a, b_id, crashed.steps)
-            assert meta.base_slot == crashed.base_slot and meta.tokens == crashed.tokens
-            assert again.loop.batches.position >= crashed.data_position, "its batches are not trained again"
-            for node in (a, again):
-                node.request_stop("test done")
+
+async def test_a_round_in_flight_at_a_crash_is_published_by_the_next_start(tmp_path: Path,
+                                                                           jax_persistent_cache) -> None:
+    async with _b_crashed_beside_a(tmp_path, 150) as (nursery, a, b_id, journal, crashed):
+        again = NodeRuntime(settings(tmp_path, "b", (a.host.gossip_addr,), slowdown=10.0))
+        await nursery.start(again.run)
+        await wait_for(lambda: again.stats.recovered_rounds == 1, 60, "the round recovered")
+        assert again.stats.recovered_step_seconds == crashed.seconds
+        assert not journal.path.exists(), "published once: the journal is gone"
+        (meta,) = await _applied_by(a, b_id, crashed.steps)
+        assert meta.base_slot == crashed.base_slot and meta.tokens == crashed.tokens
+        assert again.loop.batches.position >= crashed.data_position, "its batches are not trained again"
+        for node in (a, again):
+            node.request_stop("test done")
 
 
 async def test_a_round_whose_base_slot_the_new_process_has_not_closed_waits_for_it(tmp_path: Path, caplog,
@@ -103,28 +108,21 @@ async def test_a_round_whose_base_slot_the_new_process_has_not_closed_waits_for_
     """The killed process closed the round's base slot after its last checkpoint, and the run had not closed it
     yet (seen in test_restart_learning: the round was dropped as "ahead of this replica's slot"): the new
     process trains, and publishes the round once its replica has closed that slot."""
-    await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
-    with trio.fail_after(200):
-        async with trio.open_nursery() as nursery:
-            a = NodeRuntime(settings(tmp_path, "a", slowdown=4.0))
-            await nursery.start(a.run)
-            peers = (a.host.gossip_addr,)
-            b_id, journal, crashed = await _crash_in_a_round(tmp_path, nursery, peers)
-            # a slot no replica has closed yet, and a won't before b's new process has started
-            ahead = dataclasses.replace(crashed, base_slot=a.replica.slot + 4)
-            assert journal.write(ahead)
-            caplog.set_level(logging.INFO, logger="node.outer.rounds")
-
-            again = NodeRuntime(settings(tmp_path, "b", peers, slowdown=10.0))
-            await nursery.start(again.run)
-            await wait_for(lambda: again.stats.recovered_rounds == 1, 120, "the round recovered")
-            assert f"waits for this replica to close its base slot {ahead.base_slot}" in caplog.text, "it waited"
-            assert again.replica.slot >= ahead.base_slot and again.stats.updates_published > 1, "after rounds of its own"
-            (meta,) = await _applied_by(a, b_id, crashed.steps)
-            assert meta.base_slot == ahead.base_slot and meta.tokens == crashed.tokens
-            assert not journal.path.exists()
-            for node in (a, again):
-                node.request_stop("test done")
+    async with _b_crashed_beside_a(tmp_path, 200) as (nursery, a, b_id, journal, crashed):
+        # a slot no replica has closed yet, and a won't before b's new process has started
+        ahead = dataclasses.replace(crashed, base_slot=a.replica.slot + 4)
+        assert journal.write(ahead)
+        caplog.set_level(logging.INFO, logger="node.outer.rounds")
+        again = NodeRuntime(settings(tmp_path, "b", (a.host.gossip_addr,), slowdown=10.0))
+        await nursery.start(again.run)
+        await wait_for(lambda: again.stats.recovered_rounds == 1, 120, "the round recovered")
+        assert f"waits for this replica to close its base slot {ahead.base_slot}" in caplog.text, "it waited"
+        assert again.replica.slot >= ahead.base_slot and again.stats.updates_published > 1, "after rounds of its own"
+        (meta,) = await _applied_by(a, b_id, crashed.steps)
+        assert meta.base_slot == ahead.base_slot and meta.tokens == crashed.tokens
+        assert not journal.path.exists()
+        for node in (a, again):
+            node.request_stop("test done")
 
 
 async def test_a_graceful_stop_publishes_the_round_in_flight_and_hands_it_to_the_peers(
