@@ -109,6 +109,13 @@ class _PhaseClock:
         self.last = now
 
 
+def _dropped(inflight: InflightRound, why: str) -> bool:
+    """Log why a previous process's round is not published; False (nothing published)."""
+    log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
+                inflight.steps, why)
+    return False
+
+
 class Rounds:
     """The round loop's state and steps; the runtime calls `run_round` until done. trio thread only."""
 
@@ -210,9 +217,7 @@ class Rounds:
                             min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
         self.journal.clear()  # a round in memory only from here: the new rounds journal to the same file
         if why is not None:
-            log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
-                        inflight.steps, why)
-            return False
+            return _dropped(inflight, why)
         if waits_for_base(inflight, self.replica.slot):
             self.deferred = inflight
             log.info("round %d of the previous process (%d steps in flight) waits for this replica to close its "
@@ -231,9 +236,7 @@ class Rounds:
         why = unpublishable(inflight, slot=self.replica.slot, window=self.settings.window, own_seqnos=(),
                             min_steps=0)
         if why is not None:
-            log.warning("round %d of the previous process (%d steps in flight) not published: %s", inflight.round,
-                        inflight.steps, why)
-            return False
+            return _dropped(inflight, why)
         return await self._publish_recovered(inflight)
 
     async def _publish_recovered(self, inflight: InflightRound) -> bool:
