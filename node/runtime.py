@@ -288,7 +288,7 @@ class NodeRuntime:
         if result is None:
             return None
         for peer in result.refused:  # their states are not downloaded for a while
-            replica.refuse(peer)
+            replica.guard.refuse(peer)
         await replica.replace(result.ledger, result.seen, result.proofs)
         self.blobs.hold_all(result.payloads)
         self.feedback.reset()  # the residual belonged to the parameters we had

@@ -20,7 +20,8 @@ Contract:
   target slot, and marks the rest of its seen ids as seen there (orphaned). It first takes the verdict
   again against this replica's state of the moment, and drops the proposal if that no longer says adopt
   (or if the caller knows the origin has moved on): every adoption moves to a heavier state, so replicas
-  only grow heavier and the comparisons end, even with snapshots that were stale when compared.
+  only grow heavier and the comparisons end, even with snapshots that were stale when compared. `guard`
+  (`node.outer.forkguard`) remembers whose states a vet refused and which peers were adopted from lately.
 - `changed()` fires after every operation that changed the ledger (for waiters such as the slot-close
   wait and the drain).
 - The window bottom: a close leaves the step of the bottom's arrays (about half its work) to
@@ -42,24 +43,17 @@ import numpy as np
 import trio
 
 from node.outer.agreement import IdSetHash, agreement_hex
+from node.outer.forkguard import ForkGuard
 from node.outer.outer_files import payload_blob
 from protocol.ledger import (BottomStore, ClosedSlot, Ledger, LedgerSnapshot, LedgerView, Outcome, Payload,
                              SnapshotEntry, UpdateMeta, catch_up_target, reconcile)
 from protocol.ledger.digest import Row
 from protocol.ledger.proof import UpdateProof
 
-__all__ = ["ADOPTION_COOLDOWN_WINDOWS", "APPLIED", "Adopted", "Proposal", "Replica", "ServedState"]
+__all__ = ["APPLIED", "Adopted", "Proposal", "Replica", "ServedState"]
 
 log = logging.getLogger("node.outer.replica")
 
-ADOPTION_COOLDOWN_WINDOWS = 4  # after adopting a state of a peer, none of its for this many windows of slots
-
-
-def refusal_slots(refusals: int, window: int) -> int:
-    """Slots for which a peer's states are not downloaded after the vet refused `refusals` of them, doubled
-    with each: a forger's garbage costs a download ever more rarely, and an honest heavier side that
-    evaluated worse (few held-out batches; both sides train on) is vetted again, so an honest fork ends."""
-    return ADOPTION_COOLDOWN_WINDOWS * window * 2 ** (refusals - 1)
 T = TypeVar("T")
 
 APPLIED = frozenset({Outcome.APPLIED_OPEN, Outcome.FOLDED_LATE, Outcome.APPLIED_STALE})
@@ -70,7 +64,8 @@ _NEW_IDS = APPLIED | {Outcome.HELD_FUTURE, Outcome.DROPPED_STALE, Outcome.DROPPE
 class Proposal:
     """A heavier peer state the fork choice decided to adopt (loaded and checked against its manifest).
     `view` is that state's view (the verdict is taken again against ours when adopting), `agreement`
-    its agreement hash (what its origin announces while draining, if it still holds that state)."""
+    its agreement hash (what its origin announces while draining, if it still holds that state);
+    `vouched`: a second peer signed a manifest of the same state (`ForkGuard.holds_off`)."""
 
     ledger: Ledger
     origin: str
@@ -78,11 +73,13 @@ class Proposal:
     view: LedgerView
     agreement: str
     proofs: Mapping[bytes, UpdateProof]  # its entries' (verified when its meta was: `node.sync.statefetch`)
+    vouched: bool = False
 
     @classmethod
     def of(cls, ledger: Ledger, origin: str, why: str, view: LedgerView,
-           proofs: Mapping[bytes, UpdateProof]) -> Proposal:
-        return cls(ledger, origin, why, view, agreement_hex(IdSetHash(view.seen), view.totals().placement), proofs)
+           proofs: Mapping[bytes, UpdateProof], vouched: bool = False) -> Proposal:
+        agreement = agreement_hex(IdSetHash(view.seen), view.totals().placement)
+        return cls(ledger, origin, why, view, agreement, proofs, vouched)
 
 
 @dataclass(frozen=True)
@@ -138,8 +135,7 @@ class Replica:
         self.pending: Proposal | None = None  # a peer state to adopt between rounds (fork choice)
         self.state_download = trio.Lock()  # held by the one whole-state download for a proposal (node.sync.repair)
         self.forked_with: set[str] = set()  # peers whose state forked from ours at the last comparison
-        self.refusals: dict[str, tuple[int, int]] = {}  # peer → (our slot at its last refused state, refusals)
-        self.adopted_from: dict[str, int] = {}  # peer → our slot when this process last adopted a state of it
+        self.guard = ForkGuard(ledger.config.window, lambda: self.slot)  # whose heavier states not to adopt now
         # (connected peers, minimum seconds between closes on one origin's word): set by the runtime
         self.pace: Callable[[], tuple[int, float]] = lambda: (1, 0.0)
         self._last_close_at: float | None = None  # trio time of the last slot close
@@ -419,28 +415,6 @@ class Replica:
         peers, self.forked_with = sorted(self.forked_with), set()
         return peers
 
-    def adopted_recently(self, peer: str) -> bool:
-        """Whether this process adopted a state of `peer` less than `ADOPTION_COOLDOWN_WINDOWS` windows of
-        slots ago. An honest peer's history does not fork from ours again that soon; a hostile one could
-        otherwise make every node adopt a state of its each round, each one (within the vet's tolerance)
-        setting the model back to its window bottom and dropping the window's updates."""
-        at = self.adopted_from.get(peer)
-        return at is not None and self.slot - at < ADOPTION_COOLDOWN_WINDOWS * self.config.window
-
-    def refuse(self, peer: str) -> None:
-        """A vet (a fork's, or a join's) refused a state of `peer`: none is downloaded for `refusal_slots`."""
-        self.refusals[peer] = (self.slot, self.refusals.get(peer, (0, 0))[1] + 1)
-
-    def refused_recently(self, peer: str) -> bool:
-        """Whether a state of `peer` was refused less than `refusal_slots` slots ago."""
-        at, count = self.refusals.get(peer, (0, 0))
-        return count > 0 and self.slot - at < refusal_slots(count, self.config.window)
-
-    @property
-    def refused_from(self) -> frozenset[str]:
-        """The peers whose states are not downloaded now (`refused_recently`)."""
-        return frozenset(peer for peer in self.refusals if self.refused_recently(peer))
-
     def propose(self, proposal: Proposal) -> None:
         """Adopt `proposal` at the next `adopt_pending` (a later proposal replaces an earlier one)."""
         self.pending = proposal
@@ -461,19 +435,19 @@ class Replica:
 
         `vet(proposal)` (the runtime's: `node.outer.upkeep.BetweenRounds.vet`, a held-out comparison of the
         two models) may refuse it: counted (`fork-refused`), and none of its origin's states is downloaded
-        for a while (`refuse`, `node.sync.repair`)."""
+        for a while (`node.outer.forkguard`, which also drops a proposal of a peer adopted from lately)."""
         proposal, self.pending = self.pending, None
         if proposal is None:
             return None
         if current is not None and not current(proposal):
             log.info("dropped the proposed state of %s: it has moved on since", proposal.origin)
             return None
-        if self.adopted_recently(proposal.origin):
-            log.warning("dropped the proposed state of %s: a state of it was adopted at slot %d, less than %d "
-                        "windows ago", proposal.origin, self.adopted_from[proposal.origin], ADOPTION_COOLDOWN_WINDOWS)
+        held_off = self.guard.holds_off(proposal.origin, vouched=proposal.vouched)
+        if held_off is not None:
+            log.warning("dropped the proposed state of %s: %s", proposal.origin, held_off)
             return None
         if vet is not None and not await vet(proposal):
-            self.refuse(proposal.origin)
+            self.guard.refuse(proposal.origin)
             self.outcomes["fork-refused"] += 1
             return None
 
@@ -495,7 +469,7 @@ class Replica:
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned
-        self.adopted_from[proposal.origin] = self.slot
+        self.guard.adopted(proposal.origin)
         self._notify()
         log.warning("adopted the state of %s (%s): now at slot %d; %d own updates re-added, %d orphaned",
                     proposal.origin, proposal.why, self.slot, carried, orphaned)

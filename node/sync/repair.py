@@ -11,10 +11,10 @@ of the peer's window with its payload blob, its seen ids and the totals of its f
   target slot; the rest of the peer's ids are marked seen without being applied (orphaned, counted);
 - forked, and the peer's state is heavier: its snapshot is loaded and checked against the peer's signed
   manifest, and proposed to the replica, which adopts it between rounds (`Replica.adopt_pending`) unless
-  its model is worse than ours (`node.outer.upkeep.BetweenRounds.vet`): a peer whose state was refused
-  that way is not downloaded from for `ADOPTION_COOLDOWN_WINDOWS` windows of slots, doubled with each refusal
-  (`Replica.refused_recently`; its weight is its own word), nor one whose
-  state was adopted less than `ADOPTION_COOLDOWN_WINDOWS` windows of slots ago (`Replica.adopted_recently`). One
+  its model is worse than ours (`node.outer.upkeep.BetweenRounds.vet`). Not downloaded at all from a peer
+  the replica's `ForkGuard` holds off (`node.outer.forkguard`): one whose state a vet refused lately, or
+  one adopted from lately, unless another connected peer vouches for the same state (signs a manifest of
+  the same slot and ledger digest; the state is then downloaded from all of them). One
   such download at a time (`Replica.state_download`): comparisons with several peers run at once, and two
   whole-state downloads would cost twice the disk and bandwidth (at 10⁹ parameters, ~10 GB each). The one
   that waited downloads only if its peer's state is heavier than the state proposed meanwhile, and a peer
@@ -46,9 +46,9 @@ import httpx
 import trio
 
 from node.sync.forkhint import send_fork_hint
-from node.sync.join import PeerSyncing, fetch_manifest
+from node.sync.join import PeerSyncing, fetch_manifest, fetch_manifests
 from node.outer.outer_files import drop_pages, map_blob
-from node.outer.replica import ADOPTION_COOLDOWN_WINDOWS, Proposal, Replica
+from node.outer.replica import Proposal, Replica
 from node.sync.statefetch import download_state, fetch_meta, fetch_payloads
 from p2p import Host, TransportError
 from protocol.errors import RemoteProtocolError
@@ -133,6 +133,15 @@ async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
     return added, tuple(sorted({(e.meta.target_slot, e.blob) for e in wanted if e.blob in fetched}))
 
 
+async def _vouchers(host: Host, replica: Replica, run_id: str, manifest: StateManifest) -> list[StateManifest]:
+    """The verified manifests of the other connected peers (none held off for a refused state) that sign
+    the state of `manifest`: the same slot and ledger digest (which covers the whole state)."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+        manifests, _ = await fetch_manifests(client, host, run_id)
+    return [m for m in manifests if m.origin != manifest.origin and not replica.guard.refused_recently(m.origin)
+            and (m.slot, m.ledger_digest) == (manifest.slot, manifest.ledger_digest)]
+
+
 def _key(key: tuple[int, int, bytes]) -> str:
     return f"{key[0]} tokens, placement sum {key[1]:x}"[:48] + "…"
 
@@ -151,14 +160,17 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     else:
         replica.forked_with.add(peer)  # compare again next round, until compatible
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
-    if verdict.adopt and replica.refused_recently(peer):
-        log.info("repair from %s: its state is heavier, but a state of it was refused as a worse model at slot "
-                 "%d: not downloading it yet", peer, replica.refusals[peer][0])
-        return RepairResult(0, unplaced, fork="refused")
-    if verdict.adopt and replica.adopted_recently(peer):
-        log.warning("repair from %s: its state is heavier, but a state of it was adopted at slot %d, less than %d "
-                    "windows ago: not downloading it", peer, replica.adopted_from[peer], ADOPTION_COOLDOWN_WINDOWS)
-        return RepairResult(0, unplaced, fork="refused")
+    vouchers: list[StateManifest] = []
+    if verdict.adopt and replica.guard.holds_off(peer) is not None:
+        if not replica.guard.refused_recently(peer):  # adopted from lately: does a second peer hold this state?
+            vouchers = await _vouchers(host, replica, run_id, manifest)
+        held_off = replica.guard.holds_off(peer, vouched=bool(vouchers))
+        if held_off is not None:
+            log.log(logging.INFO if replica.guard.refused_recently(peer) else logging.WARNING,
+                    "repair from %s: its state is heavier, but %s: not downloading it", peer, held_off)
+            return RepairResult(0, unplaced, fork="refused")
+        log.info("repair from %s: a state of it was adopted lately, and %s sign this one too", peer,
+                 [m.origin for m in vouchers])
     if verdict.adopt:
         async with replica.state_download:
             pending = replica.pending
@@ -171,14 +183,15 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
                          "not downloading it", peer, pending.origin)
                 return RepairResult(0, unplaced, fork="adopt")
             try:
-                loaded = await download_state(host, [manifest], replica.config, replica.shapes, replica.bottom_store)
+                loaded = await download_state(host, [manifest, *vouchers], replica.config, replica.shapes,
+                                              replica.bottom_store)
             except (TransportError, OSError) as exc:  # a refused state is counted and logged by download_state
                 log.warning("repair from %s: could not load its state: %s", peer, exc)
                 return None
         ledger = loaded.ledger
         ours_key, theirs_key = verdict.keys
         why = f"fork: theirs {_key(theirs_key)} > ours {_key(ours_key)}"
-        replica.propose(Proposal.of(ledger, peer, why, theirs, loaded.proofs()))
+        replica.propose(Proposal.of(ledger, peer, why, theirs, loaded.proofs(), vouched=bool(vouchers)))
         log.warning("repair from %s (its slot %d): histories forked and its state is heavier (%s vs %s): "
                     "adopting it before the next round", peer, manifest.slot, _key(theirs_key), _key(ours_key))
         return RepairResult(0, unplaced, fork="adopt", payloads=tuple(loaded.fetched_payloads()))

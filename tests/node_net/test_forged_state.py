@@ -21,7 +21,7 @@ import p2p
 import trio
 
 from node.chaos import forged_replica
-from node.outer.replica import ADOPTION_COOLDOWN_WINDOWS
+from node.outer.forkguard import ADOPTION_COOLDOWN_WINDOWS
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from node.sync.repair import pull_missing
@@ -51,21 +51,27 @@ async def stop(nursery: trio.Nursery, nodes: list[NodeRuntime]) -> None:
     nursery.cancel_scope.cancel()
 
 
+async def serving_host(nursery: trio.Nursery, tmp_path: Path, name: str,
+                       a: NodeRuntime) -> tuple[p2p.Host, StateServer]:
+    """A host of the run connected to `a` that serves whatever state the test gives its `StateServer`."""
+    config = dataclasses.replace(fast_host_config(tmp_path, name, RUN, (a.host.gossip_addr,)),
+                                 run_config=a.host.config.run_config)  # a peer of the run
+    host = await nursery.start(p2p.run, config)
+    await wait_for(lambda: host.peer_id in a.host.connected_peers(), 10, f"{name} connected")
+    server = StateServer(host)
+    server.mount()
+    return host, server
+
+
 async def run_with_forger(nursery: trio.Nursery, tmp_path: Path,
                           **a_settings) -> tuple[list[NodeRuntime], p2p.Host, StateServer]:
-    """Nodes `a` and its peer `c`, training, once `a` has three evaluations, and a forger: a host of the run
-    connected to `a` that serves whatever state the test gives its `StateServer`."""
+    """Nodes `a` and its peer `c`, training, once `a` has three evaluations, and a forger (`serving_host`)."""
     a = NodeRuntime(settings(tmp_path, "a", **a_settings))
     await nursery.start(a.run)
     c = NodeRuntime(settings(tmp_path, "c", (a.host.gossip_addr,)))
     await nursery.start(c.run)
     await wait_for(lambda: len(a.stats.eval_history) >= 3, 120, "a trained")
-    config = dataclasses.replace(fast_host_config(tmp_path, "forger", RUN, (a.host.gossip_addr,)),
-                                 run_config=a.host.config.run_config)  # a peer of the run
-    forger = await nursery.start(p2p.run, config)
-    await wait_for(lambda: forger.peer_id in a.host.connected_peers(), 10, "the forger connected")
-    server = StateServer(forger)
-    server.mount()
+    forger, server = await serving_host(nursery, tmp_path, "forger", a)
     return [a, c], forger, server
 
 
@@ -99,13 +105,15 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
     assert max(after) <= best * 1.1, (best, after)
 
 
-async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_four_windows(
+async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_four_windows_unless_vouched_for(
         tmp_path: Path, jax_persistent_cache) -> None:
     """A forgery whose model passes the vet (the node's own parameters, the window's updates dropped: later in
     a run, a forged state of the window bottom, a model W slots old, is within the tolerance too) is adopted.
     Every next forgery of that peer (each heavier than the last) would drop the node's window again: none is
-    downloaded for `ADOPTION_COOLDOWN_WINDOWS` windows of slots. The node here adopts without evaluating
-    (`--fork-tolerance inf`), so that its fast early training does not make the vet refuse the forgery."""
+    downloaded for `ADOPTION_COOLDOWN_WINDOWS` windows of slots — unless a second peer signs a manifest of the
+    same state (as an honest peer that adopted a third's heavier state is backed by the third): then it is
+    adopted again. The node here adopts without evaluating (`--fork-tolerance inf`), so that its fast early
+    training does not make the vet refuse the forgery."""
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
             nodes, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
@@ -114,13 +122,21 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
             result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert result is not None and result.fork == "adopt", result
             await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 1, 60, "a adopted it")
-            server.serve(await forged_replica(a.replica, 2**41, scale=1.0, base=await a.replica.params()))
+            heavier = await forged_replica(a.replica, 2**41, scale=1.0, base=await a.replica.params())
+            server.serve(heavier)
             again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert again is not None and again.fork == "refused", again
-            assert a.replica.adopted_recently(forger.peer_id) and a.replica.slot < a.replica.adopted_from[
+            guard = a.replica.guard
+            assert guard.adopted_recently(forger.peer_id) and a.replica.slot < guard.adopted_from[
                 forger.peer_id] + ADOPTION_COOLDOWN_WINDOWS * a.replica.config.window
+
+            _, witness = await serving_host(nursery, tmp_path, "witness", a)
+            witness.serve(heavier)  # a second key signs a manifest of the same slot and ledger digest
+            vouched = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert vouched is not None and vouched.fork == "adopt", vouched
+            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 2, 60, "a adopted the vouched state")
             await stop(nursery, nodes)
-    assert a.replica.outcomes["fork-adopted"] == 1 and not a.replica.outcomes["fork-refused"]
+    assert not a.replica.outcomes["fork-refused"]
 
 
 async def test_a_joiner_refuses_a_forged_fresher_state_and_joins_from_an_honest_peer(tmp_path: Path,
@@ -144,7 +160,7 @@ async def test_a_joiner_refuses_a_forged_fresher_state_and_joins_from_an_honest_
             await wait_for(lambda: joiner.stats.eval_history, 120, "the joiner evaluated")
             assert joiner.stats.sync["confirmed_by"] == [a.peer_id], joiner.stats.sync
             assert joiner.replica.outcomes["state-refused"] == 1
-            assert forger.peer_id in joiner.replica.refused_from
+            assert forger.peer_id in joiner.replica.guard.refused_from
             best = min(p[2] for p in a.stats.eval_history)
             assert joiner.stats.eval_history[0][2] < 1.5 * best, (joiner.stats.eval_history, best)
             await stop(nursery, [a, joiner])
