@@ -11,11 +11,12 @@ peer that keeps presenting heavier states:
   slots ago. A hostile peer could otherwise make a node adopt a state of its each round, each one (within
   the vet's tolerance) setting the model back to its window bottom and dropping the window's updates. The
   hold-off is lifted for a state that a *second* peer vouches for (it signs a manifest of the same slot and
-  ledger digest, which covers the whole state: `node.sync.repair`). That state is no longer one peer's
-  word, and an honest peer whose history forked from ours again that soon has usually adopted a third's
-  heavier state, which the third holds too.
-  Without this, a node that had adopted from both other sides of a churning run within the hold-off stayed
-  forked from both to the end of its run (tests/node_net/test_fork_choice.py, BENCHMARKS.md session 31).
+  ledger digest, which covers the whole state: `node.sync.repair`), once per hold-off period, whoever the
+  peers: an honest peer whose history forked from ours again that soon has usually adopted a third's
+  heavier state, which the third holds too, and colluding keys gain one adoption per period, not one per
+  state they forge. Without this, a node that had adopted from both other nodes of a churning run within
+  the hold-off stayed forked from both to the end of its run (tests/node_net/test_fork_choice.py,
+  BENCHMARKS.md session 31).
 
 The replica owns one guard; its slot is the guard's clock. Used on the trio thread only.
 """
@@ -42,14 +43,17 @@ class ForkGuard:
         self._slot = slot
         self.refusals: dict[str, tuple[int, int]] = {}  # peer → (our slot at its last refused state, refusals)
         self.adopted_from: dict[str, int] = {}  # peer → our slot when this process last adopted a state of it
+        self.vouched_at: int | None = None  # our slot at the last adoption that a vouch let through
 
     def refuse(self, peer: str) -> None:
         """A vet refused a state of `peer`: none is downloaded for `refusal_slots`."""
         self.refusals[peer] = (self._slot(), self.refusals.get(peer, (0, 0))[1] + 1)
 
-    def adopted(self, peer: str) -> None:
-        """This process has just adopted a state of `peer`."""
+    def adopted(self, peer: str, *, vouched: bool = False) -> None:
+        """This process has just adopted a state of `peer` (`vouched`: one `holds_off` let through for a vouch)."""
         self.adopted_from[peer] = self._slot()
+        if vouched:
+            self.vouched_at = self._slot()
 
     def refused_recently(self, peer: str) -> bool:
         """Whether a state of `peer` was refused less than `refusal_slots` slots ago."""
@@ -61,6 +65,10 @@ class ForkGuard:
         at = self.adopted_from.get(peer)
         return at is not None and self._slot() - at < ADOPTION_COOLDOWN_WINDOWS * self.window
 
+    def _vouch_lifts(self) -> bool:
+        """Whether a vouch may lift a hold-off now: none did in the last `ADOPTION_COOLDOWN_WINDOWS` windows."""
+        return self.vouched_at is None or self._slot() - self.vouched_at >= ADOPTION_COOLDOWN_WINDOWS * self.window
+
     @property
     def refused_from(self) -> frozenset[str]:
         """The peers whose states are not downloaded now because a vet refused one (`refused_recently`)."""
@@ -68,11 +76,16 @@ class ForkGuard:
 
     def holds_off(self, peer: str, *, vouched: bool = False) -> str | None:
         """Why a heavier state of `peer` is not downloaded or adopted now, or None if it may be. `vouched`:
-        a second peer signs a manifest of the same state (lifts the hold-off after an adoption, not a
-        refusal)."""
+        a second peer signs a manifest of the same state (lifts the hold-off after an adoption, once per
+        period; never a refusal)."""
         if self.refused_recently(peer):
             return f"a state of it was refused as a worse model at slot {self.refusals[peer][0]}"
-        if self.adopted_recently(peer) and not vouched:
+        if not self.adopted_recently(peer):
+            return None
+        if not vouched:
             return (f"a state of it was adopted at slot {self.adopted_from[peer]}, less than "
                     f"{ADOPTION_COOLDOWN_WINDOWS} windows ago, and no second peer vouches for this one")
+        if not self._vouch_lifts():
+            return (f"a state of it was adopted at slot {self.adopted_from[peer]}, and a vouched state was "
+                    f"adopted at slot {self.vouched_at}, less than {ADOPTION_COOLDOWN_WINDOWS} windows ago")
         return None

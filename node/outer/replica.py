@@ -446,6 +446,7 @@ class Replica:
         if held_off is not None:
             log.warning("dropped the proposed state of %s: %s", proposal.origin, held_off)
             return None
+        vouch_lifted = self.guard.adopted_recently(proposal.origin)  # only its vouch let it through
         if vet is not None and not await vet(proposal):
             self.guard.refuse(proposal.origin)
             self.outcomes["fork-refused"] += 1
@@ -469,7 +470,7 @@ class Replica:
         self._count(closed, "adoption")
         self.outcomes["fork-adopted"] += 1
         self.outcomes["orphaned"] += orphaned
-        self.guard.adopted(proposal.origin)
+        self.guard.adopted(proposal.origin, vouched=vouch_lifted)
         self._notify()
         log.warning("adopted the state of %s (%s): now at slot %d; %d own updates re-added, %d orphaned",
                     proposal.origin, proposal.why, self.slot, carried, orphaned)

@@ -4,7 +4,7 @@
   refusal, then its states are downloaded and vetted again — so an honest heavier side that once evaluated
   worse is not shut out for good; a second peer vouching for its state does not lift a refusal;
 - a peer this process adopted from lately, for `ADOPTION_COOLDOWN_WINDOWS` windows of slots, unless a second
-  peer vouches for the state it offers now.
+  peer vouches for the state it offers now — once per such period, whoever the peers.
 
 The replica's slot is the guard's clock (`Replica.guard`)."""
 
@@ -68,3 +68,19 @@ def test_the_replicas_guard_counts_in_its_slots() -> None:
     replica.guard.refuse("p")
     assert replica.guard.refusals["p"] == (replica.slot, 1)
     assert replica.guard.window == 2 and replica.guard.refused_from == {"p"}
+
+
+def test_a_vouch_lifts_a_hold_off_once_per_period_whoever_the_peers() -> None:
+    clock = Clock()
+    guard = ForkGuard(8, clock)
+    guard.adopted("p")
+    guard.adopted("q")
+    clock.slot += 1
+    assert guard.holds_off("p", vouched=True) is None
+    guard.adopted("p", vouched=True)  # the vouch let it through
+    clock.slot += 1
+    reason = guard.holds_off("q", vouched=True)
+    assert reason is not None and "a vouched state was adopted at slot 101" in reason
+    clock.slot += ADOPTION_COOLDOWN_WINDOWS * 8 - 1
+    guard.adopted("q")  # adopted lately again, without a vouch
+    assert guard.holds_off("q", vouched=True) is None, "a period after the last vouch, a vouch lifts again"

@@ -112,8 +112,9 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
     Every next forgery of that peer (each heavier than the last) would drop the node's window again: none is
     downloaded for `ADOPTION_COOLDOWN_WINDOWS` windows of slots — unless a second peer signs a manifest of the
     same state (as an honest peer that adopted a third's heavier state is backed by the third): then it is
-    adopted again. The node here adopts without evaluating (`--fork-tolerance inf`), so that its fast early
-    training does not make the vet refuse the forgery."""
+    adopted again, but a vouch does that once per period, so the next vouched forgery is held off too. The
+    node here adopts without evaluating (`--fork-tolerance inf`), so that its fast early training does not
+    make the vet refuse the forgery."""
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
             nodes, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
@@ -135,6 +136,11 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
             vouched = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert vouched is not None and vouched.fork == "adopt", vouched
             await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 2, 60, "a adopted the vouched state")
+            heaviest = await forged_replica(a.replica, 2**42, scale=1.0, base=await a.replica.params())
+            server.serve(heaviest)
+            witness.serve(heaviest)
+            third = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
+            assert third is not None and third.fork == "refused", third  # one vouch per period
             await stop(nursery, nodes)
     assert not a.replica.outcomes["fork-refused"]
 
