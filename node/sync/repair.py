@@ -162,7 +162,7 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     unplaced = sum(1 for e in theirs.entries if e.update_id not in ours.seen) - len(verdict.pull)
     vouchers: list[StateManifest] = []
     if verdict.adopt and replica.guard.holds_off(peer) is not None:
-        if not replica.guard.refused_recently(peer):  # adopted from lately: does a second peer hold this state?
+        if replica.guard.holds_off(peer, vouched=True) is None:  # a vouch would lift it: does a second peer?
             vouchers = await _vouchers(host, replica, run_id, manifest)
         held_off = replica.guard.holds_off(peer, vouched=bool(vouchers))
         if held_off is not None:
