@@ -12,8 +12,6 @@ import pytest
 import protocol.ledger.snapshot as snapshot_module
 from protocol.ledger import LedgerSnapshot
 
-pytestmark = pytest.mark.slow(32)  # its seconds alone: started first on the test workers
-
 GIB = 1 << 30
 
 

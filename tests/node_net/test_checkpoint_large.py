@@ -15,8 +15,6 @@ import pytest
 from node.checkpoint import Checkpoint, CheckpointDir
 from protocol.ledger import LedgerSnapshot
 
-pytestmark = pytest.mark.slow(27)  # its seconds alone: started first on the test workers
-
 GIB = 1 << 30
 
 

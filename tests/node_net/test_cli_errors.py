@@ -17,8 +17,6 @@ from node_net_helpers import REPO, node_env
 from protocol.admission import grant
 from protocol.identity import Identity
 
-pytestmark = pytest.mark.slow(35)  # its seconds alone: started first on the test workers
-
 TIMEOUT_S = 120.0
 
 

@@ -11,8 +11,6 @@ import pytest
 
 from node_net_helpers import REPO
 
-pytestmark = pytest.mark.slow(100)  # its seconds alone: started first on the test workers
-
 # --slowdown stretches every inner step (a sleep, no CPU) so that the second node arrives while the first
 # still trains (the first node drains, waiting for it, after its own rounds); --eval-budget 1 evaluates every
 # round whatever it costs.

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import trio
 
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
 from waiting import wait_for
-
-pytestmark = pytest.mark.slow(35)  # its seconds alone: started first on the test workers
 
 SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
 WINDOW = 2

@@ -20,10 +20,6 @@ from __future__ import annotations
 import re
 import statistics
 
-import pytest
-
-pytestmark = pytest.mark.slow(135)  # its seconds alone: started first on the test workers
-
 ROUNDS = 24
 # The refused claim needs no loss comparison: a dozen rounds give every honest node the hostile node's updates
 # (it publishes one every round from its first) and the evaluations the run checks (rounds 0, 4, 8, 12).

@@ -18,8 +18,6 @@ import pytest
 
 from testnet.wan import LinkSpec, WanNetwork, probe
 
-pytestmark = pytest.mark.slow(42)  # its seconds alone: started first on the test workers
-
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "0", "--drain-timeout", "60"]
 WILDCARD = ("0.0.0.0:7000", "0.0.0.0:8000")  # the README's --listen and --http on each host
 START_S = 180.0

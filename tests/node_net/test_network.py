@@ -10,11 +10,7 @@ No fixed sleeps: every wait is a `/status` predicate or a stdout line, with a bo
 
 from __future__ import annotations
 
-import pytest
-
 from node.checkpoint import CheckpointDir
-
-pytestmark = pytest.mark.slow(70)  # its seconds alone: started first on the test workers
 
 # --eval-budget 1: every second round is evaluated whatever it costs (the default 2% share skips evaluations
 # on a loaded machine, and the tests read the loss's fall from the evaluations)

@@ -20,10 +20,6 @@ import shutil
 import statistics
 import time
 
-import pytest
-
-pytestmark = pytest.mark.slow(180)  # its seconds alone: started first on the test workers
-
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "1", "--eval-batches", "4",
           "--eval-budget", "1", "--drain-timeout", "30", "--checkpoint-interval", "0", "--inflight-every", "0.5"]
 START_S = 180.0

@@ -16,11 +16,7 @@ timeout): after its fourth round, nothing from anyone reached a (issue "Trust in
 
 from __future__ import annotations
 
-import pytest
-
 from testnet.benchmarks.node_logs import intake_delays, on_time
-
-pytestmark = pytest.mark.slow(45)  # its seconds alone: started first on the test workers
 
 ROUNDS = 14
 # --slowdown makes the rounds ~1.5 s of sleeping (little CPU), so all three nodes train side by side

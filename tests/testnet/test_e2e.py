@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import trio
 
 from testnet.cli import Options, build_plan, run_testnet
 from testnet.procs import GroupRegistry, alive
 from testnet_helpers import events
-
-pytestmark = pytest.mark.slow(120)  # its seconds alone: started first on the test workers
 
 OPTIONS = dict(nodes=3, minutes=4.0, rounds=40, inner_steps=20, eval_every=2, kill_every=1000.0, first_kill=25.0,
                downtime=5.0, baseline=False, solo_seconds=0.0, progress="plain", stop_grace=20.0, start_timeout=120.0)
