@@ -7,7 +7,9 @@ loop over the elements in cache. Bits do not change: every element goes through 
 the same order (float32 × float32 rounded once; float64 products and sums of widened float32 values), with
 no fast-math (no reassociation, no fused multiply-add: numba emits neither unless asked), so replicas agree
 whichever path each runs. The tests compare the two on random data, bit for bit
-(``tests/ledger/test_kernels.py``).
+(``tests/ledger/test_kernels.py``). One kernel is the exception, and says so: :func:`screen_estimate` sums
+in any order (fast-math), because what it returns is only ever used with a bound on its error, to prove a
+verdict that the canonical sums would give too.
 
 Why a switch: loading numba and its cached machine code costs a process ~2 s of CPU and ~170 MB of
 resident memory (mostly LLVM), which the outer work of a small model never wins back (a 115k-parameter
@@ -25,7 +27,7 @@ from types import ModuleType
 import numpy as np
 
 __all__ = ["COMPILED_FROM_PARAMS", "accumulate_term", "compiled", "decode_int4", "decode_int4_add", "fold_finish", "fold_start",
-           "fold_term", "nesterov_chunk", "quantize_int4", "use_compiled"]
+           "fold_term", "nesterov_chunk", "quantize_int4", "screen_estimate", "use_compiled"]
 
 #: Models of at least this many parameters use the compiled passes (``use_compiled(params >= ...)``).
 COMPILED_FROM_PARAMS = 1 << 22
@@ -64,6 +66,7 @@ def _warm(jit: ModuleType) -> None:
         jit.fold_start(u, f64.copy(), one)
     jit.nesterov(f32, f32.copy(), f64, one, True, one, one)
     jit.fold_finish(f32, f32.copy(), f64, one, one, True)
+    jit.screen_estimate(np.zeros((1, 2), np.float32), 2, f64[:1].copy(), f64[:1].copy())
 
 
 def compiled() -> bool:
@@ -162,3 +165,19 @@ def fold_finish(theta: np.ndarray, v: np.ndarray, d: np.ndarray, a: float, k: fl
     da = np.multiply(d, _F64(a))
     np.add(v, da, out=v, casting="same_kind")
     np.subtract(theta, np.multiply(da if reuse else d, _F64(k)), out=theta, casting="same_kind")
+
+
+def screen_estimate(xs: np.ndarray, n: int, cs: np.ndarray) -> tuple[float, np.ndarray]:
+    """For the float32 rows ``x_k = xs[k, :n]`` and float64 coefficients ``cs``: ``(Σ_j U_j², [Σ_j x_kj U_j for
+    each k])`` with ``U = Σ_k cs[k]·x_k``, each sum in *some* order (compiled: reassociated and vectorised
+    with fast-math; numpy: BLAS). Not bits any replica keeps: an estimate whose error any summation order
+    bounds, for :func:`protocol.ledger.screen_bounds.estimate` (with ``n`` elements and ``m`` rows, within
+    ``(n + 2m)·2⁻⁵³·S²`` of the exact ``‖U‖²`` and ``(n + m)·2⁻⁵³·‖x_k‖·S`` of each exact product, ``S =
+    Σ_k |cs[k]|·‖x_k‖``, to first order)."""
+    along = np.empty(xs.shape[0])
+    if compiled():
+        return float(_jit().screen_estimate(xs, n, cs, along)), along
+    x = xs[:, :n].astype(_F64)
+    u = cs @ x
+    np.matmul(x, u, out=along)
+    return float(u @ u), along

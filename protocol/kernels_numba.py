@@ -172,3 +172,42 @@ def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c
             for k in range(m):
                 u[start + k] += np.float64(block[k]) * c
     return -1
+
+
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
+def _axpy_fast(u: np.ndarray, x: np.ndarray, c: float, first: bool) -> None:
+    if first:
+        for j in range(u.size):
+            u[j] = np.float64(x[j]) * c
+    else:
+        for j in range(u.size):
+            u[j] += np.float64(x[j]) * c
+
+
+@njit(nogil=True, fastmath=True, cache=True, inline="always")
+def _dot_fast(x: np.ndarray, u: np.ndarray) -> float:
+    s = 0.0
+    for j in range(u.size):
+        s += np.float64(x[j]) * u[j]
+    return s
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def screen_estimate(xs: np.ndarray, n: int, cs: np.ndarray, along: np.ndarray) -> float:
+    """fast-math on purpose (reassociated, vectorised sums): an estimate whose error is bounded, never bits a
+    replica keeps (:func:`protocol.kernels.screen_estimate`)."""
+    m = xs.shape[0]
+    block = 2048  # U's block stays in L1 while every term's products with it are summed
+    ub = np.empty(block)
+    uu = 0.0
+    for k in range(m):
+        along[k] = 0.0
+    for b0 in range(0, n, block):
+        e = min(block, n - b0)
+        u = ub[:e]
+        for k in range(m):
+            _axpy_fast(u, xs[k, b0:b0 + e], cs[k], k == 0)
+        uu += _dot_fast(u, u)
+        for k in range(m):
+            along[k] += _dot_fast(xs[k, b0:b0 + e], u)
+    return uu

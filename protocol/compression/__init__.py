@@ -5,7 +5,9 @@ named set of tensors, and sender-side error feedback. numpy, with int4's passes 
 
 from protocol.compression.feedback import ErrorFeedback
 from protocol.compression.formats import BLOCK_SIZE, Codec, payload_size
-from protocol.compression.tensors import add_decoded_span, decode_span, decode_tensors, encode_tensors, record_offsets
+from protocol.compression.tensors import (
+    add_decoded_span, decode_span, decode_span_into, decode_tensors, encode_tensors, record_offsets,
+)
 
-__all__ = ["BLOCK_SIZE", "Codec", "ErrorFeedback", "add_decoded_span", "decode_span", "decode_tensors", "encode_tensors",
+__all__ = ["BLOCK_SIZE", "Codec", "ErrorFeedback", "add_decoded_span", "decode_span", "decode_span_into", "decode_tensors", "encode_tensors",
            "payload_size", "record_offsets"]

@@ -134,6 +134,19 @@ def add_decoded_span(
     return kernels.decode_int4_add(packed, scale_bits, u, c, first, x)
 
 
+def decode_span_into(
+    payload: bytes | memoryview, codec: Codec, offset: int, numel: int, name: str, start: int, stop: int,
+    out: np.ndarray,
+) -> bool:
+    """:func:`decode_span` into the float32 ``out`` (its first ``stop − start`` elements), in one compiled pass;
+    False when it did not run (not int4, the compiled passes off, or a scale to refuse: nothing was written),
+    and the caller then decodes with :func:`decode_span`."""
+    if codec is not Codec.INT4 or not kernels.compiled() or start % BLOCK_SIZE or not 0 <= start <= stop <= numel:
+        return False
+    scale_bits, packed = _blockwise_parts(codec, memoryview(payload).cast("B"), offset, numel, name, start, stop)
+    return kernels.decode_int4(packed, scale_bits, out[: stop - start])
+
+
 # --- per-tensor records ---------------------------------------------------------------------------
 
 

@@ -15,7 +15,9 @@ left to judge by and more than half of them stay; two that disagree are both scr
 come from ``‖U_R‖²`` and ``⟨Δ_i, U_R⟩`` of the sum ``U_R`` over the updates still in (:class:`ScreenSums`:
 N + 1 inner products per element, in the same pass as ``U``), not from every pair's inner product; a set
 the slot proved to keep everyone from bounds (a late update of a new origin:
-:mod:`protocol.ledger.screen_bounds`, :meth:`ScreenCache.certify`) takes no pass at all. Then:
+:mod:`protocol.ledger.screen_bounds`, :meth:`ScreenCache.certify`) takes no pass at all, and one proved so
+from a fast estimate of its sums (:func:`screen_estimate`: a late update that takes a term away) takes that
+cheaper pass instead. Then:
 
 * mean: ``c_i = w_i · ñ_i / ‖Δ_i‖`` (``w_i`` unclipped), ``s = 1 / Σ w_i`` — the weighted average of the
   clipped updates;
@@ -45,16 +47,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol import kernels
 from protocol.kernels import accumulate_term
 from protocol.ledger.bound import counted, norm_bound
 from protocol.ledger.chunks import CHUNK, flat, spans
 from protocol.parallel import parallel_map
 from protocol.ledger.config import Aggregation, LedgerConfig, UpdateMeta
 from protocol.ledger.payload import Payload, PayloadDeltas, span_of
-from protocol.ledger.screen_bounds import ScreenBounds, keeps_everyone
+from protocol.ledger.screen_bounds import ROUNDING, ScreenBounds, keeps_everyone
 
 __all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "bound_terms",
-           "canonical_spans", "norm_with_terms", "screen_pass", "slot_scale", "tensor_terms", "uses_radial"]
+           "canonical_spans", "norm_with_terms", "screen_estimate", "screen_pass", "slot_scale", "tensor_terms",
+           "uses_radial"]
 
 _F64 = np.float64
 
@@ -215,6 +219,43 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
     return ScreenSums(u_squared=math.fsum(squares),
                       along={e.meta.update_id: math.fsum(part) for (e, _), part in zip(live, along, strict=True)},
                       pair=math.fsum(pair) if len(live) == 2 else None)
+
+
+#: The double-precision unit roundoff, 2⁻⁵³.
+_UNIT = 2.0**-53
+
+
+def screen_estimate(live: LiveTerms, name: str, size: int) -> ScreenBounds | None:
+    """Intervals holding ``live``'s :class:`ScreenSums` (not the pair), from one fast pass over its payloads:
+    each span decoded once into a float32 row, then ``U`` and the products summed in any order
+    (:func:`protocol.kernels.screen_estimate`). Within a chunk of ``n`` elements and ``m`` terms, any order of
+    the sums leaves ``‖U‖²`` within ``(n + 2m)·2⁻⁵³`` of ``S_c²`` and each ``⟨Δ_i, U⟩`` within ``(n + m)·2⁻⁵³``
+    of ``‖Δ_i‖_c·S_c`` (``S_c = Σ_j |c_j|‖Δ_j‖_c`` over the chunk, to first order; the chunks' ``S_c²`` and
+    ``‖Δ_i‖_c·S_c`` add up to at most ``S²`` and ``‖Δ_i‖·S`` by Cauchy–Schwarz), and ``math.fsum`` adds the
+    chunks; the intervals are twice as wide. What the screen then proves from them
+    (:meth:`ScreenCache.certify`) the canonical sums would prove too; the pass only saves work: ~5× less
+    than :func:`screen_pass` (BENCHMARKS.md, session 32). None when the slack would not be below
+    :data:`~protocol.ledger.screen_bounds.ROUNDING`, the slack canonical sums are given."""
+    m = len(live)
+    rel = 2.0 * (min(CHUNK, size) + 2 * m + 2) * _UNIT
+    if not rel < ROUNDING:
+        return None
+    xs = np.empty((m, min(CHUNK, size)), dtype=np.float32)
+    cs = np.array([c for _, c in live], dtype=_F64)
+    squares: list[float] = []
+    along: list[list[float]] = [[] for _ in live]
+    for s in spans(size):
+        n = s.stop - s.start
+        for k, (e, _) in enumerate(live):
+            if not (isinstance(e.deltas, PayloadDeltas) and e.deltas.decode_into(name, s, xs[k])):
+                xs[k, :n] = span_of(e.deltas, name, s)
+        uu, products = kernels.screen_estimate(xs, n, cs)
+        squares.append(uu)
+        for part, d in zip(along, products.tolist(), strict=True):
+            part.append(d)
+    return ScreenBounds.around(math.fsum(squares),
+                               {e.meta.update_id: math.fsum(part) for (e, _), part in zip(live, along, strict=True)},
+                               bound_terms(live, name), rel)
 
 
 def _numel(entry: SlotEntry, name: str) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.compression import Codec, add_decoded_span, decode_span, payload_size, record_offsets
+from protocol.compression import Codec, add_decoded_span, decode_span, decode_span_into, payload_size, record_offsets
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger.chunks import flat, tensor_norm
 from protocol.parallel import parallel_map
@@ -84,6 +84,13 @@ class PayloadDeltas(Mapping[str, np.ndarray]):
         numel = math.prod(self.shapes[name])
         return add_decoded_span(self.payload.data, self.payload.codec, self._offsets[name], numel, name, span.start,
                                 min(span.stop, numel), u, c, first, x)
+
+    def decode_into(self, name: str, span: slice, out: np.ndarray) -> bool:
+        """:meth:`span` decoded into the float32 ``out`` in one compiled pass; False when that did not run
+        (nothing was written: the caller decodes with :meth:`span`)."""
+        numel = math.prod(self.shapes[name])
+        return decode_span_into(self.payload.data, self.payload.codec, self._offsets[name], numel, name, span.start,
+                                min(span.stop, numel), out)
 
     def __getitem__(self, name: str) -> np.ndarray:
         shape = self.shapes[name]

@@ -63,11 +63,22 @@ class ScreenBounds:
     @classmethod
     def exact(cls, u_squared: float, along: Mapping[bytes, float], terms: Terms) -> ScreenBounds:
         """Intervals around canonically computed sums, wide enough for their rounding."""
+        return cls.around(u_squared, along, terms, ROUNDING)
+
+    @classmethod
+    def around(cls, u_squared: float, along: Mapping[bytes, float], terms: Terms, rel: float) -> ScreenBounds:
+        """Intervals around sums known within ``rel`` of their scale: ``‖U‖²`` within ``rel·S²``, each
+        ``⟨Δ_i, U⟩`` within ``rel·‖Δ_i‖·S`` (``S = Σ_j |c_j|‖Δ_j‖``)."""
         scale = _scale(terms)
         norms = {i: n for i, _, n in terms}
-        return cls(u_squared=(u_squared - ROUNDING * scale * scale, u_squared + ROUNDING * scale * scale),
-                   along={i: (d - ROUNDING * norms[i] * scale, d + ROUNDING * norms[i] * scale)
-                          for i, d in along.items()})
+        return cls(u_squared=(u_squared - rel * scale * scale, u_squared + rel * scale * scale),
+                   along={i: (d - rel * norms[i] * scale, d + rel * norms[i] * scale) for i, d in along.items()})
+
+    def u_squared_within(self, rel: float) -> float | None:
+        """The middle of the ``‖U‖²`` interval when the interval is within ``rel`` of it, else None."""
+        lo, hi = self.u_squared
+        mid = 0.5 * (lo + hi)
+        return mid if mid > 0.0 and hi - lo <= 2.0 * rel * mid else None
 
 
 def _scale(terms: Terms) -> float:

@@ -1,9 +1,11 @@
 """Late folds into the newest closed slot's kept float32 sum (`protocol.ledger.slot.LiveSlot.fold`) when the
 late update takes a term away — it displaces its origin's first update of the slot: the slot's payloads are read
-once (the direction screen's pass over the new set, whose sums give the new norm), not again to rebuild the old
-sum or to measure the new one; without a screen, the guard that rebuilds when what is left is too small for the
-rounding the kept sum carries; and a late update that changes nothing (its origin's larger id) makes no pass
-at all."""
+once, by the fast estimate of the new set's screen sums (`protocol.ledger.aggregate.screen_estimate`), whose
+bounds prove that the screen keeps everyone and give the new norm — not by the screen's exact pass, not again
+to rebuild the old sum or to measure the new one; a displacing update the screen leaves out takes the exact
+pass and ends in the canonical bits; without a screen, the guard that rebuilds when what is left is too small
+for the rounding the kept sum carries; and a late update that changes nothing (its origin's larger id) makes
+no pass at all."""
 
 import hashlib
 import importlib
@@ -64,7 +66,8 @@ def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads
         return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
 
     led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
-    screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")  # the screen of the new set
+    screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")  # the screen's exact pass
+    estimates = _count_calls(monkeypatch, slot_module, "screen_estimate")  # its fast estimate
     summed_again = _count_calls(monkeypatch, aggregate_module, "canonical_spans")  # a sum without the screen
     measured = []  # tensors whose new norm took a pass of its own (over the kept sum and the changed terms)
     original = slot_module.norm_with_terms
@@ -72,15 +75,22 @@ def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads
                         original(u, name, terms))
     displacing = _meta("p1", 0, smaller_than=first["p1"].update_id)
     assert led.add(displacing, honest(1)) is Outcome.FOLDED_LATE
-    assert len(screen_passes) == len(SHAPES), "one pass over the slot's payloads per tensor"
+    assert len(estimates) == len(SHAPES), "one fast pass over the slot's payloads per tensor"
+    assert not screen_passes, "the estimate's bounds prove the verdict: no exact pass"
     assert not summed_again, "the fold summed the slot's payloads a second time"
-    assert not measured, "the new norm comes from the screen's sums of the new set"
-    slot = led._slots[1]  # and is the canonical norm of the new set, bit for bit
+    assert not measured, "the new norm comes from the estimate of the new set"
+    slot = led._slots[1]  # within 1e-9 of the canonical norm of the new set
     canonical = {k: np.empty(s) for k, s in SHAPES.items()}
     norms = aggregate_module.accumulate_sorted(slot.entries, slot.config, canonical)
-    assert all(slot.kept[k][1] == norms[k] for k in SHAPES)
+    assert all(abs(slot.kept[k][1] - norms[k]) <= 1e-9 * norms[k] for k in SHAPES)
     assert led.applied_ids(1) == sorted([m.update_id for m in first.values()] + [displacing.update_id])
     assert _relative_gap(led) < 1e-6  # the working state, folded in float32, against the canonical replay
+    replica = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, led.config)
+    for meta, entry in sorted(((e.meta, e) for e in slot.entries), key=lambda t: t[0].update_id, reverse=True):
+        replica.add(meta, {k: np.asarray(entry.deltas[k]) for k in SHAPES})  # the new set on time, in another order
+    replica.close_slot()
+    for mine, theirs in zip(led.canonical_state(), replica.canonical_state(), strict=True):
+        assert all(np.array_equal(mine[k], theirs[k]) for k in SHAPES)
 
     folds = _count_calls(monkeypatch, ledger_module, "fold_change")
     rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")
@@ -88,6 +98,29 @@ def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads
     assert led.add(_meta("p2", 0, larger_than=first["p2"].update_id), honest(2)) is Outcome.FOLDED_LATE
     assert not folds and not rebuilt  # counts for nothing (its origin's first update has the smaller id)
     assert all(np.array_equal(led.params()[k], before[k]) for k in SHAPES)
+
+
+def test_a_displacing_update_the_screen_leaves_out_takes_the_exact_pass_and_the_canonical_bits(monkeypatch):
+    rng = np.random.default_rng(7)
+    direction = {k: 2.0 * rng.standard_normal(s) for k, s in SHAPES.items()}
+
+    def honest(_peer):
+        return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
+
+    led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
+    screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")
+    negated = {k: (-direction[k]).astype(np.float32) for k in SHAPES}
+    displacing = _meta("p1", 0, smaller_than=first["p1"].update_id)
+    assert led.add(displacing, negated) is Outcome.FOLDED_LATE
+    assert screen_passes, "bounds that cannot prove the verdict leave it to the exact pass"
+    slot = led._slots[1]
+    assert slot.terms("w").coefficients[displacing.update_id] == 0.0, "the negated update is screened out"
+    replica = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, led.config)
+    for entry in slot.entries:
+        replica.add(entry.meta, {k: np.asarray(entry.deltas[k]) for k in SHAPES})
+    replica.close_slot()
+    for mine, theirs in zip(led.canonical_state(), replica.canonical_state(), strict=True):
+        assert all(np.array_equal(mine[k], theirs[k]) for k in SHAPES)
 
 
 def test_a_kept_sum_left_too_small_for_its_rounding_is_rebuilt(monkeypatch):
