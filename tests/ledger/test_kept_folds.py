@@ -58,12 +58,31 @@ def _slot_of_four(config: LedgerConfig, deltas_of) -> tuple[Ledger, dict[str, Up
     return led, first
 
 
-def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads_once(monkeypatch):
-    rng = np.random.default_rng(5)
+def _honest(seed: int):
+    """A shared direction and a maker of honest updates around it (each call: the direction plus noise)."""
+    rng = np.random.default_rng(seed)
     direction = {k: 2.0 * rng.standard_normal(s) for k, s in SHAPES.items()}
 
     def honest(_peer):
         return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
+
+    return direction, honest
+
+
+def _same_bits_as_on_time(led: Ledger, slot: int) -> bool:
+    """Whether ``led``'s canonical state has the bits of a replica that got slot ``slot``'s set before its
+    close, in decreasing id order."""
+    entries = sorted(led._slots[slot].entries, key=lambda e: e.meta.update_id, reverse=True)
+    replica = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, led.config)
+    for entry in entries:
+        replica.add(entry.meta, {k: np.asarray(entry.deltas[k]) for k in SHAPES})
+    replica.close_slot()
+    return all(np.array_equal(mine[k], theirs[k]) for mine, theirs in
+               zip(led.canonical_state(), replica.canonical_state(), strict=True) for k in SHAPES)
+
+
+def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads_once(monkeypatch):
+    _, honest = _honest(5)
 
     led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
     screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")  # the screen's exact pass
@@ -85,12 +104,7 @@ def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads
     assert all(abs(slot.kept[k][1] - norms[k]) <= 1e-9 * norms[k] for k in SHAPES)
     assert led.applied_ids(1) == sorted([m.update_id for m in first.values()] + [displacing.update_id])
     assert _relative_gap(led) < 1e-6  # the working state, folded in float32, against the canonical replay
-    replica = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, led.config)
-    for meta, entry in sorted(((e.meta, e) for e in slot.entries), key=lambda t: t[0].update_id, reverse=True):
-        replica.add(meta, {k: np.asarray(entry.deltas[k]) for k in SHAPES})  # the new set on time, in another order
-    replica.close_slot()
-    for mine, theirs in zip(led.canonical_state(), replica.canonical_state(), strict=True):
-        assert all(np.array_equal(mine[k], theirs[k]) for k in SHAPES)
+    assert _same_bits_as_on_time(led, 1)
 
     folds = _count_calls(monkeypatch, ledger_module, "fold_change")
     rebuilt = _count_calls(monkeypatch, slot_module, "accumulate_sorted")
@@ -101,12 +115,7 @@ def test_a_late_update_that_displaces_its_origins_first_reads_the_slots_payloads
 
 
 def test_a_displacing_update_the_screen_leaves_out_takes_the_exact_pass_and_the_canonical_bits(monkeypatch):
-    rng = np.random.default_rng(7)
-    direction = {k: 2.0 * rng.standard_normal(s) for k, s in SHAPES.items()}
-
-    def honest(_peer):
-        return {k: (direction[k] + rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
-
+    direction, honest = _honest(7)
     led, first = _slot_of_four(LedgerConfig(window=3, embeddings=frozenset({"emb"})), honest)
     screen_passes = _count_calls(monkeypatch, aggregate_module, "screen_pass")
     negated = {k: (-direction[k]).astype(np.float32) for k in SHAPES}
@@ -115,12 +124,7 @@ def test_a_displacing_update_the_screen_leaves_out_takes_the_exact_pass_and_the_
     assert screen_passes, "bounds that cannot prove the verdict leave it to the exact pass"
     slot = led._slots[1]
     assert slot.terms("w").coefficients[displacing.update_id] == 0.0, "the negated update is screened out"
-    replica = Ledger({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, led.config)
-    for entry in slot.entries:
-        replica.add(entry.meta, {k: np.asarray(entry.deltas[k]) for k in SHAPES})
-    replica.close_slot()
-    for mine, theirs in zip(led.canonical_state(), replica.canonical_state(), strict=True):
-        assert all(np.array_equal(mine[k], theirs[k]) for k in SHAPES)
+    assert _same_bits_as_on_time(led, 1)
 
 
 def test_a_kept_sum_left_too_small_for_its_rounding_is_rebuilt(monkeypatch):
