@@ -171,7 +171,7 @@ def screen_estimate(xs: np.ndarray, n: int, cs: np.ndarray) -> tuple[float, np.n
     """For the float32 rows ``x_k = xs[k, :n]`` and float64 coefficients ``cs``: ``(Σ_j U_j², [Σ_j x_kj U_j for
     each k])`` with ``U = Σ_k cs[k]·x_k``, each sum in *some* order (compiled: reassociated and vectorised
     with fast-math; numpy: BLAS). Not bits any replica keeps: an estimate whose error any summation order
-    bounds, for :func:`protocol.ledger.screen_bounds.estimate` (with ``n`` elements and ``m`` rows, within
+    bounds, for :func:`protocol.ledger.aggregate.screen_estimate` (with ``n`` elements and ``m`` rows, within
     ``(n + 2m)·2⁻⁵³·S²`` of the exact ``‖U‖²`` and ``(n + m)·2⁻⁵³·‖x_k‖·S`` of each exact product, ``S =
     Σ_k |cs[k]|·‖x_k‖``, to first order)."""
     along = np.empty(xs.shape[0])
