@@ -175,16 +175,6 @@ def decode_int4_add(packed: np.ndarray, scale_bits: np.ndarray, u: np.ndarray, c
 
 
 @njit(nogil=True, fastmath=True, cache=True, inline="always")
-def _axpy_fast(u: np.ndarray, x: np.ndarray, c: float, first: bool) -> None:
-    if first:
-        for j in range(u.size):
-            u[j] = np.float64(x[j]) * c
-    else:
-        for j in range(u.size):
-            u[j] += np.float64(x[j]) * c
-
-
-@njit(nogil=True, fastmath=True, cache=True, inline="always")
 def _dot_fast(x: np.ndarray, u: np.ndarray) -> float:
     s = 0.0
     for j in range(u.size):
@@ -206,7 +196,7 @@ def screen_estimate(xs: np.ndarray, n: int, cs: np.ndarray, along: np.ndarray) -
         e = min(block, n - b0)
         u = ub[:e]
         for k in range(m):
-            _axpy_fast(u, xs[k, b0:b0 + e], cs[k], k == 0)
+            accumulate_term(u, xs[k, b0:b0 + e], cs[k], k == 0)  # elementwise: fast-math would buy it nothing
         uu += _dot_fast(u, u)
         for k in range(m):
             along[k] += _dot_fast(xs[k, b0:b0 + e], u)
