@@ -18,13 +18,19 @@ import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 
+from typing import TYPE_CHECKING, Any
+
 import jax
+import numpy as np
 
 from node.island.config import Config, ConfigError, preset
 from node.island.data import DataError, Dataset, MultiBatcher
-from node.island.train import InnerLoop
+from node.island.train import BatchSource, InnerLoop
 
-__all__ = ["CurvePoint", "run_baseline", "worker_keys"]
+if TYPE_CHECKING:
+    from node.island.task import Task
+
+__all__ = ["ConcatSources", "CurvePoint", "run_baseline", "run_task_baseline", "worker_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,21 +67,63 @@ def run_baseline(config: Config, *, steps: int, shard_keys: Sequence[str], eval_
     per_node = config.data.batch_size
     batches = MultiBatcher([dataset.batcher(key, batch_size=per_node) for key in shard_keys])
     loop = InnerLoop.byte_lm(config, batches, devices=devices)
-    heldout = dataset.heldout_batches(eval_batches, per_node)
+    return _curve(loop, dataset.heldout_batches(eval_batches, per_node), steps, eval_every, on_point)
+
+
+def _curve(loop: InnerLoop, heldout: Sequence[Any], steps: int, eval_every: int,
+           on_point: Callable[[CurvePoint], None] | None) -> list[CurvePoint]:
+    """Train `loop` for `steps` steps; its held-out point at step 0, every `eval_every` steps and at the end."""
     points: list[CurvePoint] = []
     tokens = 0
 
     def measure() -> None:
-        point = CurvePoint(step=loop.step, tokens=tokens, bits_per_byte=loop.evaluate(heldout))
-        points.append(point)
+        points.append(CurvePoint(step=loop.step, tokens=tokens, bits_per_byte=loop.evaluate(heldout)))
         if on_point is not None:
-            on_point(point)
+            on_point(points[-1])
 
     measure()
     while loop.step < steps:
         tokens += loop.run(min(eval_every, steps - loop.step)).tokens
         measure()
     return points
+
+
+class ConcatSources:
+    """N batch sources drawn in lockstep, each batch the concatenation of theirs on the leading axis: the
+    global batch of synchronous data parallelism for a library `Task` (`MultiBatcher` for the byte model)."""
+
+    def __init__(self, sources: Sequence[BatchSource]) -> None:
+        self.sources = list(sources)
+        self.position = 0
+
+    @staticmethod
+    def _concat(batches: Sequence[Any]) -> Any:
+        return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *batches)
+
+    def example(self) -> Any:
+        return self._concat([s.example() for s in self.sources])
+
+    def next_batch(self) -> Any:
+        self.position += 1
+        return self._concat([s.next_batch() for s in self.sources])
+
+    def seek(self, position: int) -> None:
+        for s in self.sources:
+            s.seek(position)
+        self.position = int(position)
+
+
+def run_task_baseline(task: Task, *, steps: int, shard_keys: Sequence[str], eval_every: int, seed: int = 0,
+                      on_point: Callable[[CurvePoint], None] | None = None) -> list[CurvePoint]:
+    """`run_baseline` for a library `Task`: its model and optimizer on the concatenated batches of the
+    workers `shard_keys` (each `task.open(key)`, as the nodes of those peer ids read them), evaluated on the
+    task's held-out batches (`CurvePoint.bits_per_byte` is then the model's own metric)."""
+    if not shard_keys or steps < 0 or eval_every <= 0:
+        raise ConfigError(f"need workers, steps >= 0 and eval_every > 0, got {len(shard_keys)}, {steps}, {eval_every}")
+    opened = [task.open(key) for key in shard_keys]
+    loop = InnerLoop(task.model, ConcatSources([source for source, _ in opened]), seed=seed,
+                     tokens_per_batch=len(shard_keys) * task.tokens_per_batch)
+    return _curve(loop, opened[0][1], steps, eval_every, on_point)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

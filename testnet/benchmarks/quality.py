@@ -33,6 +33,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from node.island.config import Config
+    from node.island.task import Task
+    from protocol.ledger import LedgerConfig
 
 MODES = ("sync", "wait-1", "wait-5", "eager")
 
@@ -65,24 +67,37 @@ class Simulation:
     def __init__(self, mode: str, *, workers: int, inner_steps: int, speeds: Sequence[float], latency: int,
                  codec: str, seed: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  aggregation: str = "radial-directional", hold: int | None = None,
-                 adaptive: bool = False, config: Config | None = None) -> None:
+                 adaptive: bool = False, config: Config | None = None, task: Task | None = None,
+                 ledger_config: LedgerConfig | None = None) -> None:
+        """The learners train `task` (a library `node.island.task.Task`; default: the byte-level model of
+        `config`, itself `tiny` by default); learner i reads the shard of key `worker-i`. `ledger_config`
+        replaces the one made from `outer_lr`, `outer_momentum` and `aggregation` (e.g. the node's own,
+        `node.settings.ledger_config`)."""
+        from dataclasses import replace
+
+        from node.island.bytelm import byte_lm_task
         from node.island.config import preset
-        from node.island.data import Dataset
-        from node.island.model import embedding_names
         from node.island.train import InnerLoop
         from protocol.compression import ErrorFeedback
         from protocol.ledger import Ledger, LedgerConfig
 
         self.mode, self.H, self.latency, self.adaptive = mode, inner_steps, latency, adaptive
         self.cfg = config if config is not None else preset("tiny")
-        self.dataset = Dataset(self.cfg.data, seq_len=self.cfg.model.seq_len, vocab_size=self.cfg.model.vocab_size)
+        self.task = task if task is not None else byte_lm_task(self.cfg, 16)
+        self.tokens_per_batch = self.task.tokens_per_batch
         self.speeds = list(speeds)
-        ledger_cfg = LedgerConfig(window=8, lr=outer_lr, momentum=outer_momentum, aggregation=aggregation,
-                                  embeddings=frozenset(embedding_names(self.cfg.model)))
+        if ledger_config is None:
+            ledger_config = LedgerConfig(window=8, lr=outer_lr, momentum=outer_momentum, aggregation=aggregation,
+                                         embeddings=self.task.model.embeddings)
+        else:
+            ledger_config = replace(ledger_config, lr=outer_lr, momentum=outer_momentum)
+        self.ledger_config = ledger_config
         self.learners = []
         for i in range(workers):
-            loop = InnerLoop.byte_lm(self.cfg, self.dataset.batcher(f"worker-{i}"))
-            ledger = Ledger(loop.params, ledger_cfg)
+            source, self.heldout = self.task.open(f"worker-{i}")
+            loop = InnerLoop(self.task.model, source, seed=self.cfg.inner.init_seed if task is None else seed,
+                             tokens_per_batch=self.tokens_per_batch)
+            ledger = Ledger(loop.params, ledger_config)
             self.learners.append(Learner(i, loop, ledger, ErrorFeedback(codec), base=ledger.params()))
         self.hold = {"sync": None, "wait-1": 1, "wait-5": 5, "eager": hold or inner_steps // 2}[mode]
         self.rng = np.random.default_rng(seed)
@@ -116,7 +131,7 @@ class Simulation:
         _, delta = ln.feedback.compress({k: np.asarray(ln.base[k] - local[k], np.float32) for k in local})
         self.updates += 1
         meta = UpdateMeta(hashlib.sha256(b"%d" % self.updates).digest(), f"worker-{ln.index}", ln.base_slot,
-                          ln.ledger.slot, ln.steps * self.cfg.data.batch_size * self.cfg.model.seq_len, ln.steps)
+                          ln.ledger.slot, ln.steps * self.tokens_per_batch, ln.steps)
         ln.ledger.add(meta, delta)
         _catch_up(ln.ledger)
         for other in self.learners:
@@ -176,9 +191,8 @@ class Simulation:
         for ln in self.learners:
             while ln.ledger.updates_in_open_slot() or ln.ledger.held_future():
                 ln.ledger.close_slot()
-        heldout = self.dataset.heldout_batches(16)
-        bpb = [ln.loop.evaluate(heldout, params=ln.ledger.params()) for ln in self.learners]
-        tokens = sum(ln.loop.step for ln in self.learners) * self.cfg.data.batch_size * self.cfg.model.seq_len
+        bpb = [ln.loop.evaluate(self.heldout, params=ln.ledger.params()) for ln in self.learners]
+        tokens = sum(ln.loop.step for ln in self.learners) * self.tokens_per_batch
         return {"mode": self.mode, "bpb": float(np.mean(bpb)), "spread": float(np.ptp(bpb)), "ticks": self.tick,
                 "tokens": tokens, "idle": float(np.mean([ln.idle for ln in self.learners])) / self.tick,
                 "at_close": float(np.mean(self.at_close)) if self.at_close else float("nan")}
