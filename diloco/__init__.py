@@ -16,16 +16,41 @@ runnable examples).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from node.island.task import IterableBatches, Model, Task, default_optimizer
+from node.island.task import IterableBatches, Model, Task, TaskDataError, TaskError, default_optimizer
 
-__all__ = ["IterableBatches", "Model", "Task", "default_optimizer", "run"]
+__all__ = ["IterableBatches", "Model", "Task", "TaskDataError", "TaskError", "default_optimizer", "load", "run"]
 
 
-def run(task: Task, argv: Sequence[str] | None = None) -> int:
+def run(task: Task, argv: Sequence[str] | None = None, *,
+        on_metrics: Callable[[dict[str, Any]], object] | None = None) -> int:
     """Run one node training `task` with `diloco-node`'s command line (`argv`, default `sys.argv[1:]`);
-    returns the exit status (0 after --max-rounds or a SIGTERM/SIGINT, 2 for bad arguments, 1 otherwise)."""
+    returns the exit status (0 after --max-rounds or a SIGTERM/SIGINT, 2 for bad arguments, 1 otherwise).
+    `on_metrics(record)` is called after every round and at the end with the node's figures (a dict:
+    round, slot, tokens, loss, eval_loss, eval_slot, tokens_per_second, bytes_sent, ...; `node.metrics`), in a
+    worker thread: log them to the experiment tracker you use."""
     from node.cli import main
 
-    return main(argv, task=task)
+    if not isinstance(task, Task):
+        print(f"diloco: error: run() needs a diloco.Task, got {type(task).__name__}", file=sys.stderr)
+        return 2
+    return main(argv, task=task, on_metrics=on_metrics)
+
+
+def load(source: str | os.PathLike[str], model: Model | None = None) -> Any:
+    """The run's global parameters from `source`: a node's `--checkpoint-dir` (its newest valid checkpoint), one
+    `ckpt-*.dlc` file, or a `.safetensors` file `diloco-export` wrote. In flat form (a dict of float32 numpy
+    arrays by dotted name); with `model`, checked against it and as the user's own object (`Model.restore`:
+    the NNX module of a `from_nnx` model, else the pytree `init` returns). Raises `TaskError` for parameters
+    that are not the model's, `node.checkpoint.CheckpointError` for a source that holds none."""
+    from pathlib import Path
+
+    from node.export import global_params, load_checkpoint, load_exported
+
+    path = Path(source)
+    flat = load_exported(path)[0] if path.suffix == ".safetensors" else global_params(load_checkpoint(path))
+    return flat if model is None else model.restore(flat)

@@ -52,8 +52,12 @@ log = logging.getLogger("node.adopt")
 _BY_FLAG = {"run.seed": ("seed", "--seed"), "run.inner_steps": ("inner_steps", "--inner-steps"),
             "run.compression": ("compression", "--compression"), "outer.window": ("window", "--window"),
             "outer.lr": ("outer_lr", "--outer-lr"), "outer.momentum": ("outer_momentum", "--outer-momentum"),
-            "outer.norm_clip": ("norm_clip", "--norm-clip")}
+            "outer.norm_clip": ("norm_clip", "--norm-clip"), "outer.end_slot": ("max_rounds", "--max-rounds")}
 _DERIVED = {"inner.init_seed", "data.data_seed"}  # follow run.seed
+# what every model declares (`Model.run_fields`: its name, size and hashes of what it is, node.island.fingerprint):
+# for the CLI's model they follow from --model/--set, compared once those are adopted
+_FINGERPRINTS = {"model.name", "model.parameters", "model.structure", "model.computation", "inner.optimizer",
+                 "inner.schedule"}
 
 
 def _fields(text: str) -> dict[str, object]:
@@ -72,24 +76,24 @@ def _override(name: str, value: object) -> str:
     return f"{name}={text}"
 
 
-def own_run_config(settings: NodeSettings, founder: str, task: Task | None = None) -> str:
+def own_run_config(settings: NodeSettings, founder: str, task: Task | None = None, peer_id: str = "") -> str:
     task = task if task is not None else settings.byte_lm_task()
-    return run_configuration(settings, task, ledger_config(settings, task).fingerprint(), founder)
+    return run_configuration(settings, task, ledger_config(settings, task).fingerprint(), founder, peer_id)
 
 
 def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collection[str], peer: str = "the peer",
-            task: Task | None = None) -> NodeSettings:
+            task: Task | None = None, peer_id: str = "") -> NodeSettings:
     """`settings` with the run-wide settings of `theirs` (a run configuration text) that `pinned` (the
     NodeSettings fields the user gave) leaves open. `founder`: this node's (`protocol.admission`). `task`: a
     library user's (`diloco.run`), whose model is theirs to choose: its fields are never adopted, only
-    compared; None for the CLI's byte-level model. Raises ConfigError when a pinned setting conflicts or the
-    difference cannot be adopted."""
-    ours = own_run_config(settings, founder, task)
+    compared; None for the CLI's byte-level model. `peer_id`: this node's (`run_configuration`). Raises
+    ConfigError when a pinned setting conflicts or the difference cannot be adopted."""
+    ours = own_run_config(settings, founder, task, peer_id)
     if ours == theirs:
         return settings
     mine, other = _fields(ours), _fields(theirs)
     differing = sorted(n for n in set(mine) | set(other) if mine.get(n) != other.get(n))
-    conflicts, changes, overrides = [], {}, []
+    conflicts, flagged, changes, overrides = [], [], {}, []  # flagged: conflicts with flags the user gave
     for name in differing:
         value = other.get(name)
         if name == "run.founder":
@@ -102,25 +106,44 @@ def adopted(settings: NodeSettings, theirs: str, founder: str, pinned: Collectio
         elif name in _BY_FLAG:
             field, flag = _BY_FLAG[name]
             if field in pinned:
-                conflicts.append(f"{flag} {getattr(settings, field)} (the run's {name} is {json.dumps(value)})")
+                flagged.append(f"{flag} {getattr(settings, field)} (the run's {name} is {json.dumps(value)})")
             changes[field] = value
-        elif task is not None and name.startswith(("model.", "inner.", "data.")):
-            conflicts.append(f"this program's model has {name}={json.dumps(mine.get(name))} (the run's is "
-                             f"{json.dumps(value)})")
+        elif name in _FINGERPRINTS and task is None:
+            continue  # follows from --model/--set: compared below, once those are adopted
+        elif task is not None and name.startswith(("model.", "inner.", "data.")) or name in _FINGERPRINTS:
+            if name not in other or name not in mine:
+                where = "this program's model" if name in mine else "the run's model"
+                conflicts.append(f"{where} alone sets {name}" + (f"={json.dumps(value)}" if name in other else ""))
+            else:
+                conflicts.append(f"this program's model has another {name}: {_what(name)} (ours "
+                                 f"{json.dumps(mine.get(name))}, the run's {json.dumps(value)})")
         elif _by_set(name) and name in other:
             if "model" in pinned or "overrides" in pinned:
-                conflicts.append(f"--model/--set give {name}={json.dumps(mine.get(name))} (the run's is {json.dumps(value)})")
+                flagged.append(f"--model/--set give {name}={json.dumps(mine.get(name))} (the run's is {json.dumps(value)})")
             overrides.append(_override(name, value))
-    if conflicts:
-        raise ConfigError(f"--peers: this node's settings conflict with the run's ({peer}): " + "; ".join(conflicts)
-                          + ". Drop those flags to train with the run's settings, or start another run id")
+    if conflicts or flagged:
+        advice = (". Drop those flags to train with the run's settings, or start another run id" if flagged else
+                  ". This program cannot join that run: train the run's model, or start another run id"
+                  if task is not None and not any(c.startswith("the run") for c in conflicts) else "")
+        raise ConfigError(f"--peers: this node's settings conflict with the run's ({peer}): "
+                          + "; ".join(conflicts + flagged) + advice)
     candidate = dataclasses.replace(settings, overrides=(*settings.overrides, *overrides), **changes)
-    left = config_differences(own_run_config(candidate, founder, task), theirs)
+    left = config_differences(own_run_config(candidate, founder, task, peer_id), theirs)
     if left:
         raise ConfigError(f"--peers: the run's configuration ({peer}) differs in settings no flag sets (another "
                           f"version of diloco?): {'; '.join(left[:6])}")
     log.info("adopted the run's configuration from %s: %s", peer, ", ".join(differing))
     return candidate
+
+
+def _what(name: str) -> str:
+    """What a run configuration field stands for, in words (for a refusal)."""
+    return {"model.structure": "the tensors' names, shapes or dtypes differ",
+            "model.computation": "the traced loss differs: another architecture, activation or loss (or another "
+                                 "JAX version: see diloco.Model's trace)",
+            "inner.optimizer": "the inner optimizer or its hyperparameters differ",
+            "inner.schedule": "the learning-rate schedule differs",
+            "model.parameters": "another parameter count", "inner.lr": "another peak learning rate"}.get(name, "a field of its config")
 
 
 async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
@@ -143,7 +166,7 @@ async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
 
 
 async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collection[str],
-                           timeout_s: float = 30.0, task: Task | None = None) -> NodeSettings:
+                           timeout_s: float = 30.0, task: Task | None = None, peer_id: str = "") -> NodeSettings:
     """Read the run configuration of the first bootstrap peer that answers (each tried in turn until
     `timeout_s`) and return `adopted(...)` settings; the settings unchanged if none answers."""
     deadline = trio.current_time() + timeout_s
@@ -152,13 +175,22 @@ async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collect
         for address in settings.peers:
             try:
                 hello = await peer_hello(address, settings.run_id, min(5.0, max(0.1, deadline - trio.current_time())))
-            except (OSError, trio.TooSlowError, RemoteProtocolError) as exc:
-                problems[address] = f"{type(exc).__name__}: {exc}"
+            except RemoteProtocolError as exc:
+                if exc.reason is Reason.WRONG_RUN_ID:  # the peer is up and in another run: retrying cannot help
+                    raise ConfigError(f"--run-id {settings.run_id}: the peer at {address} is in another run "
+                                      f"({exc.detail.removeprefix('hello ')})") from None
+                problem = f"{type(exc).__name__}: {exc}"
+            except (OSError, trio.TooSlowError) as exc:
+                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                problem = "" if hello.run_config else "declares no run configuration"
+            if problem:
+                if address not in problems:  # each peer's first failure at once, not after the whole wait
+                    log.info("reading the run's configuration from %s: %s; trying again for up to %.0f s", address,
+                             problem, max(0.0, deadline - trio.current_time()))
+                problems[address] = problem
                 continue
-            if not hello.run_config:
-                problems[address] = "declares no run configuration"
-                continue
-            return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}", task)
+            return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}", task, peer_id)
         await trio.sleep(min(1.0, max(0.0, deadline - trio.current_time())))
     log.warning("could not read the run's configuration from any peer in %.0f s (%s); training with this node's own "
                 "settings: peers with other ones will refuse it (config_mismatch)", timeout_s,

@@ -38,7 +38,7 @@ dial; GET /status shows "waiting_for" and "dial_failures".
 
 Run-wide settings (every node of a run must agree; a joiner with --peers takes them from the run): --model,
 --set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --norm-clip,
---closed/--membership. All flags can come from a TOML file: --config node.toml.
+--max-rounds (the run's last slot), --closed/--membership. All flags can come from a TOML file: --config node.toml.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
 compiled steps between starts, which cuts a restart's start-up from tens of seconds to a few.
@@ -121,8 +121,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "so a slow node sends a smaller update on time instead of a full one late "
                             "(default on; --no-adaptive-steps: always H steps)")
     train.add_argument("--max-rounds", type=int, default=None, metavar="N",
-                       help="after N rounds: drain (wait for the peers), goodbye, checkpoint, print STOPPED, "
-                            "exit 0 (default: run until SIGTERM/SIGINT)")
+                       help="the run ends at slot N (about N rounds of each node; run-wide: a joiner takes it "
+                            "from the run): once there, drain (wait for the peers), evaluate the final model, "
+                            "goodbye, checkpoint, print STOPPED, exit 0 (default: run until SIGTERM/SIGINT)")
     train.add_argument("--compression", default="int4", choices=("fp32", "bf16", "int8", "int4"),
                        help="pseudo-gradient codec, with error feedback (default %(default)s: 7.5x smaller than "
                             "fp32, see BENCHMARKS.md)")
@@ -187,6 +188,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--log-format", default="text", choices=("text", "json"),
                     help="stderr (and --log-file) lines: text for people, json for log collectors (one object "
                          "per line: time, level, peer, logger, message) (default %(default)s)")
+    ev.add_argument("--metrics-file", type=Path, default=None, metavar="FILE",
+                    help="append the node's figures (loss, held-out, tokens/s, bytes, slot) after every round as one "
+                         "JSON object per line, for an experiment tracker (default: off; node/metrics.py)")
     ev.add_argument("--log-file", type=Path, default=None, metavar="FILE",
                     help="also append the log lines to FILE")
     ev.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -226,7 +230,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
-        allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership)
+        allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership, metrics_file=args.metrics_file)
 
 
 async def _serve(runtime, stop_timeout_s: float) -> int:
@@ -261,12 +265,15 @@ def _user_error(exc: BaseException) -> tuple[int, str] | None:
     """(exit status, one-line message) for an error the user can fix; None for a bug."""
     from node.island.config import ConfigError
     from node.island.data import DataError
+    from node.island.task import TaskDataError, TaskError
     from node.sync.join import NoPeerState
     from p2p.errors import AddressError
     from protocol.identity import KeyFileError
 
     if isinstance(exc, AddressError):
         return 2, f"{ADDRESS_FLAGS[exc.what]}: {exc}"
+    if isinstance(exc, (TaskDataError, TaskError)):  # a library task's data, or a Model or Task diloco cannot train
+        return 2, str(exc)
     if isinstance(exc, DataError):
         return 2, f"--data: {exc}"
     if isinstance(exc, (ConfigError, KeyFileError)):
@@ -285,8 +292,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 def _report(exc: BaseException) -> int:
     """Print each user error inside `exc` once, on one line; re-raise if any part of it is a bug."""
-    errors = [_user_error(leaf) for leaf in _leaves(exc)]
+    leaves = _leaves(exc)
+    errors = [_user_error(leaf) for leaf in leaves]
     if any(e is None for e in errors):
+        bugs = [leaf for leaf, e in zip(leaves, errors) if e is None]
+        if len(bugs) == 1 and bugs[0] is not exc:  # its own traceback, not the task groups' around it
+            raise bugs[0].with_traceback(bugs[0].__traceback__) from None
         raise exc
     for _, message in dict.fromkeys(errors):  # an error reported by two tasks is printed once
         print(f"diloco-node: error: {message}", file=sys.stderr, flush=True)
@@ -321,10 +332,11 @@ def parse(argv: Sequence[str] | None = None, model_name: str | None = None) -> t
 CLI_MODEL_FLAGS = {"model": "--model", "overrides": "--set", "data": "--data"}
 
 
-def main(argv: Sequence[str] | None = None, task: Any = None) -> int:
+def main(argv: Sequence[str] | None = None, task: Any = None, on_metrics: Any = None) -> int:
     """Parse the command line, run the node, return the exit status (see the module docstring). `task`: a
     library user's model and data (`diloco.run`, `node.island.task.Task`); None trains the CLI's byte-level
-    model of `--model`, `--set` and `--data`."""
+    model of `--model`, `--set` and `--data`. `on_metrics`: called with the node's figures after every round
+    (`node.metrics`)."""
     args, given = parse(argv, None if task is None else task.model.name)
     if task is not None and (flags := [flag for dest, flag in CLI_MODEL_FLAGS.items() if dest in given]):
         print(f"diloco-node: error: {', '.join(flags)} choose the byte-level model of diloco-node; this program "
@@ -343,14 +355,14 @@ def main(argv: Sequence[str] | None = None, task: Any = None) -> int:
 
         return_freed_memory()
 
-        runtime = NodeRuntime(settings_from_args(args), task=task)
+        runtime = NodeRuntime(settings_from_args(args), task=task, on_metrics=on_metrics)
         if args.adopt and runtime.settings.peers:
             from node.adopt import adopt_run_config
 
             settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, given,
-                                min(30.0, args.sync_timeout or 30.0), task)
+                                min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
             if settings is not runtime.settings:
-                runtime = NodeRuntime(settings, runtime.identity, task)
+                runtime = NodeRuntime(settings, runtime.identity, task, on_metrics)
         return trio.run(_serve, runtime, args.stop_timeout)
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - user errors reported, bugs re-raised
         return _report(exc)

@@ -23,6 +23,7 @@ module; `diloco-sample` generates text from it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,7 +81,13 @@ def model_config(run_config: str) -> ModelConfig:
         settings = decode_config(run_config)
     except RemoteProtocolError as exc:
         raise ValueError(f"the run configuration is unreadable: {exc.detail}") from None
-    fields = {name[len("model."):]: value for name, value in settings.items() if name.startswith("model.")}
+    name = settings.get("model.name", "byte-lm")
+    if name != "byte-lm":
+        raise ValueError(f"this run trained a library model ({name}), not diloco-node's byte-level one: sample it "
+                         "in its own program, where diloco.load(SOURCE, model) returns it (docs/library.md)")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields = {name[len("model."):]: value for name, value in settings.items()
+              if name.startswith("model.") and name[len("model."):] in known}
     if not fields:
         raise ValueError("the run configuration names no model (no model.* lines)")
     return ModelConfig(**fields)

@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
 from node.sync.join import NoPeerState, StateServer, sync_state
 from node.logs import PEER
+from node.metrics import MetricsSink, metrics_record
 from node.sync.repair import pull_missing
 from node.hostconfig import host_config
 from node.outer.intake import Intake
@@ -85,8 +87,10 @@ class NodeRuntime:
     """One node (see the module docstring). Create, then `await nursery.start(runtime.run)`. It trains `task`
     (`node.island.task`; default: the CLI's byte-level model of `settings`, `NodeSettings.byte_lm_task`)."""
 
-    def __init__(self, settings: NodeSettings, identity: Identity | None = None, task: Task | None = None) -> None:
+    def __init__(self, settings: NodeSettings, identity: Identity | None = None, task: Task | None = None,
+                 on_metrics: Callable[[dict], object] | None = None) -> None:
         self.settings = settings
+        self.metrics = MetricsSink(on_metrics, settings.metrics_file)  # off unless asked for
         if identity is None:
             try:
                 settings.key_path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,8 @@ class NodeRuntime:
         self.shapes = self.task.model.shapes
         self.ledger_config = ledger_config(settings, self.task)
         self.admission = load_admission(settings, self.peer_id)
-        self.run_config = run_configuration(settings, self.task, self.ledger_config.fingerprint(), self.admission.founder)
+        self.run_config = run_configuration(settings, self.task, self.ledger_config.fingerprint(), self.admission.founder,
+                                            self.peer_id)
         name = self.task.model.name if self.custom_task else settings.model
         self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.task.model.lr,
                                max_rounds=settings.max_rounds, model=f"{name}, {self.task.model.param_count:,} parameters")
@@ -417,6 +422,14 @@ class NodeRuntime:
         if upkeep.checkpoint_due():
             await upkeep.checkpoint(background=self._nursery)  # written while the next round trains
         upkeep.collect_garbage()
+        await self._emit_metrics("round")
+
+    async def _emit_metrics(self, event: str) -> None:
+        """The round's figures to the tracker (`--metrics-file`, `on_metrics`), in a worker thread."""
+        if self.metrics.active:
+            record = metrics_record(event, status_fields(self.stats, self.replica, self.host),
+                                    self.task.model.metric, self.task.tokens_per_batch)
+            await trio.to_thread.run_sync(self.metrics.emit, record)
 
     # ---- the end ----------------------------------------------------------------------------------
     async def _hand_over(self, blob: str) -> None:
@@ -477,16 +490,23 @@ class NodeRuntime:
         if drained or not self.stop_requested():
             await replica.close_known()
         ledger_digest, params_digest = await replica.digests()
+        if self.upkeep is not None and self.heldout and self.settings.eval_every:
+            await self.upkeep.evaluate("the final model of this node")  # what an export of it holds
         self.stats.state = "stopped"
         self.stats.draining = False
         self._progress("stopped")
+        await self._emit_metrics("stopped")
         if self.checkpoints is not None:
             await trio.to_thread.run_sync(write_last_status, self.checkpoints.directory,
                                           status_fields(self.stats, replica, self.host, (ledger_digest, params_digest)))
         reason = self._stop_reason or "max-rounds reached"
+        peer_slots = {p.peer_id: p.slot for p in self.host.peers()}
         await self.host.close(reason)
         if self.upkeep is not None:
             await self.upkeep.checkpoint()
-        log.info("stopped at slot %d, ledger %s, params %s", replica.slot, ledger_digest.hex()[:16],
-                 params_digest.hex()[:16])
+        ahead = {p: slot for p, slot in peer_slots.items() if slot is not None and slot > replica.slot}
+        log.info("stopped at slot %d, ledger %s, params %s%s%s", replica.slot, ledger_digest.hex()[:16],
+                 params_digest.hex()[:16], f", held-out {self.stats.eval_loss:.4f} {self.task.model.metric}"
+                 if self.stats.eval_slot == replica.slot and self.stats.eval_loss is not None else "",
+                 f"; peers further on (export from one of them): {ahead}" if ahead else "")
         return Stopped(replica.slot, ledger_digest, params_digest, reason)

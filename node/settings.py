@@ -75,6 +75,7 @@ class NodeSettings:
     allow_chaos: bool = False
     closed: bool = False  # found a closed run: only keys this node's key admits take part (protocol.admission)
     membership: Path | None = None  # join a closed run with the founder's membership file for this key
+    metrics_file: Path | None = None  # node.metrics: one JSON line of figures per round (None: off)
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -172,6 +173,8 @@ def ledger_config(settings: NodeSettings, task: Task) -> LedgerConfig:
         embeddings=task.model.embeddings, norm_clip=settings.norm_clip,
         # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
         tokens_per_step=task.tokens_per_batch, max_inner_steps=settings.inner_steps,
+        # the run's end, a fact of the run (its configuration), not of one node: every node stops at this slot
+        end_slot=settings.max_rounds,
         # AdamW moves an element by at most about the learning rate per step; honest updates measure
         # 0.14-0.25 x lr x steps in RMS (BENCHMARKS.md, "Hostile peer"): 0.5 x lr leaves them alone and
         # holds a lone hostile update to ~2-3 honest norms (2 x lr let it take ~10: loss x1.6)
@@ -179,13 +182,15 @@ def ledger_config(settings: NodeSettings, task: Task) -> LedgerConfig:
 
 
 def run_configuration(settings: NodeSettings, task: Task, ledger_fingerprint: Mapping[str, object],
-                      founder: str = "") -> str:
+                      founder: str = "", peer_id: str = "") -> str:
     """The run configuration this node trains with (`protocol.runconfig`): what every node of its run must
     share — the model's run-wide fields (for the byte-level model: its architecture, the inner optimizer and
-    schedule, the batch size and data seed; `node.island.task.Model.run_fields`), the seed, H, the codec, the
-    founder of a closed run ("" for an open one) and the outer optimizer's ledger settings. Per-node knobs (data
-    files and shard, quorum, heartbeat, checkpoints, adaptive steps, chaos) are not part of it."""
-    fields: dict[str, object] = dict(task.model.run_fields())
+    schedule, the batch size and data seed; for every model: hashes of its tensors, its traced loss and inner
+    optimizer, its schedule; `node.island.task.Model.run_fields`), the seed, H, the codec, the founder of a
+    closed run ("" for an open one) and the outer optimizer's ledger settings. Per-node knobs (data files and
+    shard, quorum, heartbeat, checkpoints, adaptive steps, chaos) are not part of it. `peer_id`: whose batches
+    a task without an `example` peeks at for their shapes."""
+    fields: dict[str, object] = dict(task.run_fields(peer_id))
     fields.update({"run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
                    "run.compression": str(settings.compression), "run.founder": founder})
     fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})

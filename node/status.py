@@ -65,6 +65,7 @@ class NodeStats:
     tokens: int = 0  # this process
     loss: float | None = None
     eval_loss: float | None = None
+    eval_slot: int | None = None  # the slot of the global parameters eval_loss was taken of
     eval_history: list[list[float]] = field(default_factory=list)
     steps_per_second: float | None = None
     contributed_step_seconds: float = 0.0
@@ -129,7 +130,10 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "run_id": stats.run_id,
         "model": stats.model,
         "inner_lr": stats.inner_lr,
-        "rounds_left": max(0, stats.max_rounds - stats.round) if stats.max_rounds is not None else None,
+        # slots to the run's last one (its configuration's end, --max-rounds): about rounds of each node
+        "rounds_left": (max(0, stats.max_rounds - (replica.slot if replica is not None else 0))
+                        if stats.max_rounds is not None else None),
+        "end_slot": stats.max_rounds,
         "state": stats.state,
         "slot": replica.slot if replica is not None else 0,
         "round": stats.round,
@@ -137,6 +141,7 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "tokens": stats.tokens,
         "loss": stats.loss,
         "eval_loss": stats.eval_loss,
+        "eval_slot": stats.eval_slot,
         "eval_history": stats.eval_history,
         "peers": host.connected_peers(),
         "bytes_sent": control.sent_bytes + blob.sent_bytes,

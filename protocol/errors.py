@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     # application checks
     BAD_SLOT = "bad_slot"
     TOO_STALE = "too_stale"
+    PAST_END = "past_end"  # an update for a slot after the run's last one (LedgerConfig.end_slot)
     BAD_CODEC = "bad_codec"
     SHAPE_MISMATCH = "shape_mismatch"
     NON_FINITE = "non_finite"

@@ -83,6 +83,9 @@ class FrameDecoder:
         if len(self._buffer) >= PREFIX_BYTES:
             size = int.from_bytes(self._buffer[:PREFIX_BYTES], "big")
             if size > self.max_frame_size:
+                if bytes(self._buffer[:PREFIX_BYTES]) == b"HTTP":
+                    self._fail(Reason.OVERSIZED, "the peer answered in HTTP: that address is a node's HTTP port "
+                                                 "(--http), not its gossip port (--listen)")
                 self._fail(Reason.OVERSIZED, f"frame of {size} bytes exceeds the {self.max_frame_size}-byte limit")
 
     def _fail(self, reason: Reason, detail: str) -> None:

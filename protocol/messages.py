@@ -282,6 +282,8 @@ def split_addr(addr: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ValueError(f"address {addr!r}: IPv6 hosts must be in brackets")
-    if not host or any(c.isspace() or c in "/?#@[]" for c in host) or not 0 < int(port) < 65536:
+    if not host or any(c.isspace() or c in "/?#@[]" for c in host):
         raise ValueError(f"address {addr!r} is not host:port")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"address {addr!r}: port {int(port)} is outside 1-65535")
     return host, int(port)

@@ -17,6 +17,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from node.island.config import Config, InnerConfig, ModelConfig
@@ -82,4 +83,5 @@ def byte_lm_task(cfg: Config, eval_batches: int = 4) -> Task:
     return Task(model=byte_lm_model(cfg),
                 batches=lambda peer_id: dataset().batcher(peer_id or None),
                 heldout=lambda: dataset().heldout_batches(eval_batches),
-                tokens_per_batch=cfg.data.batch_size * cfg.model.seq_len)
+                tokens_per_batch=cfg.data.batch_size * cfg.model.seq_len,
+                example=np.zeros((cfg.data.batch_size, cfg.model.seq_len + 1), np.int32))  # rows of T + 1 tokens

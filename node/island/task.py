@@ -32,9 +32,16 @@ import jax
 import numpy as np
 import optax
 
+from node.island.tokens import DataError
 from protocol.errors import LocalProtocolError
 
-__all__ = ["Batches", "IterableBatches", "Model", "Task", "check_shapes", "default_optimizer", "flat_name", "nest_flat"]
+__all__ = ["Batches", "IterableBatches", "Model", "Task", "TaskDataError", "TaskError", "check_shapes",
+           "default_optimizer", "flat_name", "nest_flat"]
+
+
+class TaskError(LocalProtocolError):
+    """A `Model` or `Task` that diloco cannot train as given (the user's to fix; one line on the library path)."""
+
 
 Batches = Any  # a BatchSource (node.island.train), an iterable of batches, or a function of the peer id
 
@@ -82,14 +89,20 @@ class Model:
     schedule: optax.Schedule | None = None  # the optimizer's learning-rate schedule, when it has one
     evaluate: Callable[[Any, Any], tuple[jax.Array, jax.Array]] | None = None  # -> (summed loss, count)
     metric: str = "loss"  # what `evaluate`'s mean is, for logs and reports ("bits/byte" for the byte model)
-    embeddings: frozenset[str] = frozenset()  # flat names the outer step averages plainly (protocol.ledger)
-    config: Mapping[str, object] = dataclasses.field(default_factory=dict)  # run-wide fields peers must share
+    embeddings: Iterable[str] = frozenset()  # flat names the outer step averages plainly (protocol.ledger)
+    config: Mapping[str, object] = dataclasses.field(default_factory=dict)  # more run-wide fields peers must share
+    trace: bool = True  # the run configuration holds the traced loss and optimizer (node.island.fingerprint)
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise LocalProtocolError("a Model needs a name")
-        if not 0.0 < self.lr < math.inf:
-            raise LocalProtocolError(f"Model {self.name!r}: lr must be a positive number, got {self.lr!r}")
+        if not self.name or not isinstance(self.name, str):
+            raise TaskError("a Model needs a name")
+        if not (isinstance(self.lr, (int, float)) and 0.0 < self.lr < math.inf):
+            raise TaskError(f"Model {self.name!r}: lr must be a positive number, got {self.lr!r}")
+        if isinstance(self.embeddings, str) or not all(isinstance(n, str) for n in self.embeddings):
+            raise TaskError(f"Model {self.name!r}: embeddings must be tensor names (flat, e.g. "
+                            f"'embed.embedding'), got {self.embeddings!r}")
+        object.__setattr__(self, "embeddings", frozenset(self.embeddings))
+        _check_config(self.name, self.config)
         if self.optimizer is None:
             tx, schedule = default_optimizer(self.lr)
             object.__setattr__(self, "optimizer", tx)
@@ -98,14 +111,18 @@ class Model:
         leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
         names = [flat_name(path) for path, _ in leaves]
         if len(set(names)) != len(names):
-            raise LocalProtocolError(f"Model {self.name!r}: two parameters share a name in {names}")
+            raise TaskError(f"Model {self.name!r}: two parameters share a name in {names}")
         for name, (_, leaf) in zip(names, leaves):
             if not np.issubdtype(leaf.dtype, np.floating):
-                raise LocalProtocolError(f"Model {self.name!r}: parameter {name!r} is {leaf.dtype}, not a float array")
+                raise TaskError(f"Model {self.name!r}: parameter {name!r} is {leaf.dtype}, not a float array")
         object.__setattr__(self, "_names", tuple(names))
         object.__setattr__(self, "_treedef", treedef)
         object.__setattr__(self, "_shapes", dict(sorted((n, tuple(leaf.shape)) for n, (_, leaf) in zip(names, leaves))))
         object.__setattr__(self, "_init_flat", jax.jit(lambda key: self.flatten(self.init(key))))
+        if unknown := sorted(self.embeddings - set(names)):
+            raise TaskError(f"Model {self.name!r}: embeddings names {unknown}, which are not parameters "
+                            f"(the flat names are {names[:8]}{'...' if len(names) > 8 else ''})")
+        object.__setattr__(self, "_fields", {})
 
     @classmethod
     def from_nnx(cls, name: str, build: Callable[[Any], Any], loss: Callable[[Any, Any], jax.Array], **kwargs: Any) -> Model:
@@ -128,7 +145,9 @@ class Model:
         evaluate = kwargs.pop("evaluate", None)
         if evaluate is not None:
             kwargs["evaluate"] = lambda flat, batch: evaluate(module(flat), batch)
-        return cls(name=name, init=init, loss=loss_fn, **kwargs)
+        model = cls(name=name, init=init, loss=loss_fn, **kwargs)
+        object.__setattr__(model, "_module", module)
+        return model
 
     # -- flat form ------------------------------------------------------------------------------------
 
@@ -149,6 +168,13 @@ class Model:
     def unflatten(self, flat: Mapping[str, Any]) -> Any:
         """Flat form back to the pytree `init` returns (traceable)."""
         return jax.tree_util.tree_unflatten(self._treedef, [flat[n] for n in self._names])  # type: ignore[attr-defined]
+
+    def restore(self, flat: Mapping[str, Any]) -> Any:
+        """The user's own object for parameters in flat form (checked first): the NNX module of a
+        `from_nnx` model, else the pytree `init` returns (`unflatten`)."""
+        self.check(flat)
+        module = self.__dict__.get("_module")
+        return module(flat) if module is not None else self.unflatten(flat)
 
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         """Freshly initialised parameters in flat form, float32 numpy copies; same seed, same arrays."""
@@ -171,12 +197,48 @@ class Model:
         n = jax.tree_util.tree_leaves(batch)[0].shape[0]
         return self.flat_loss(flat, batch) * n, np.float32(n)
 
-    def run_fields(self) -> dict[str, object]:
-        """The run-wide fields of this model (`node.settings.run_configuration`): `config` as given, else the
-        name, the parameter count and the peak learning rate."""
-        if self.config:
-            return dict(self.config)
-        return {"model.name": self.name, "model.parameters": self.param_count, "inner.lr": self.lr}
+    def run_fields(self, batch: Any) -> dict[str, object]:
+        """The run-wide fields of this model (`node.settings.run_configuration`; PROTOCOL.md §7a), for training
+        batches of the shapes of `batch`: its name, parameter count and peak learning rate; the hashes of its
+        tensors (`model.structure`), of its traced loss (`model.computation`), of its traced inner optimizer
+        (`inner.optimizer`) and of its schedule's values (`inner.schedule`) — `node.island.fingerprint`; the
+        traced two only with `trace` — and then the fields of `config`, added."""
+        from node.island.fingerprint import (abstract_batch, computation_hash, optimizer_hash, schedule_hash,
+                                             structure_hash)
+
+        spec = jax.tree_util.tree_map(lambda x: (tuple(x.shape), str(x.dtype)), abstract_batch(batch))
+        key = repr(spec)
+        if key not in self._fields:  # type: ignore[attr-defined]
+            fields: dict[str, object] = {"model.name": self.name, "model.parameters": self.param_count,
+                                         "model.structure": structure_hash(self._shapes),  # type: ignore[attr-defined]
+                                         "inner.lr": float(self.lr), "inner.schedule": schedule_hash(self.schedule)}
+            if self.trace:
+                fields["model.computation"] = computation_hash(self.flat_loss, self._shapes, batch)  # type: ignore[attr-defined]
+                fields["inner.optimizer"] = optimizer_hash(self.optimizer, self._shapes)  # type: ignore[attr-defined]
+            for name, value in self.config.items():
+                if name in fields and fields[name] != value:
+                    raise TaskError(f"Model {self.name!r}: config sets {name}={value!r}, which diloco "
+                                    f"takes from the model ({fields[name]!r}): leave it out")
+                fields[name] = value
+            self._fields[key] = fields  # type: ignore[attr-defined]
+        return dict(self._fields[key])  # type: ignore[attr-defined]
+
+
+def _check_config(model: str, config: Mapping[str, object]) -> None:
+    """`Model.config` as the run configuration can hold it (`protocol.runconfig`), or a clear error."""
+    from protocol.runconfig import encode_config
+
+    if not isinstance(config, Mapping):
+        raise TaskError(f"Model {model!r}: config must be a dict of run-wide fields, got {type(config).__name__}")
+    for name, value in config.items():
+        if not isinstance(value, (bool, int, float, str, tuple, list, type(None))) or (
+                isinstance(value, (tuple, list)) and not all(isinstance(v, str) for v in value)):
+            raise TaskError(f"Model {model!r}: config[{name!r}] is {type(value).__name__}; a run-wide "
+                            "field is a number, a string, a bool, None or a list of strings")
+    try:
+        encode_config(config)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"Model {model!r}: config: {exc} (names like 'model.heads')") from None
 
 
 def check_shapes(expected: Mapping[str, tuple[int, ...]], flat: Mapping[str, np.ndarray]) -> None:
@@ -184,10 +246,10 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], flat: Mapping[str, np.
     if set(flat) != set(expected):
         missing = sorted(set(expected) - set(flat))[:5]
         extra = sorted(set(flat) - set(expected))[:5]
-        raise LocalProtocolError(f"parameter names do not match the model: missing {missing}, extra {extra}")
+        raise TaskError(f"parameter names do not match the model: missing {missing}, extra {extra}")
     for name, shape in expected.items():
         if tuple(np.shape(flat[name])) != shape:
-            raise LocalProtocolError(f"parameter {name!r} has shape {np.shape(flat[name])}, model needs {shape}")
+            raise TaskError(f"parameter {name!r} has shape {np.shape(flat[name])}, model needs {shape}")
 
 
 def nest_flat(flat: Mapping[str, object]) -> dict:
@@ -222,7 +284,7 @@ class IterableBatches:
         try:
             return next(self._it)
         except StopIteration:
-            raise LocalProtocolError(f"the batches ran out after {self.position} batches") from None
+            raise TaskError(f"the batches ran out after {self.position} batches") from None
 
     def next_batch(self) -> Any:
         batch = self._peeked.pop() if self._peeked else self._draw()
@@ -236,31 +298,59 @@ class IterableBatches:
         if iter(self._source) is not self._source:  # an iterable: start it again
             self._it, self._peeked, self.position = iter(self._source), [], 0
         elif position < self.position:
-            raise LocalProtocolError("an iterator cannot go back: give an iterable (or a function) to resume")
+            raise TaskError("an iterator cannot go back: give an iterable (or a function) to resume")
         while self.position < position:  # a one-shot iterator goes on from where it is
             self.next_batch()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Task:
-    """A model and its data (see the module docstring)."""
+    """A model and its data (see the module docstring). `example`: a batch of the training batches' shapes and
+    dtypes (only those are read), for the run configuration; default: the first batch of `batches`, peeked."""
 
     model: Model
     batches: Batches
     tokens_per_batch: int
     heldout: Sequence[Any] | Callable[[], Sequence[Any]] = ()
+    example: Any = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, Model):
+            raise TaskError(f"Task needs a diloco.Model, got {type(self.model).__name__}")
         if not (isinstance(self.tokens_per_batch, int) and self.tokens_per_batch > 0):
-            raise LocalProtocolError(f"tokens_per_batch must be a positive int, got {self.tokens_per_batch!r}")
+            raise TaskError(f"tokens_per_batch must be a positive int, got {self.tokens_per_batch!r}")
 
     def open(self, peer_id: str) -> tuple[Any, list[Any]]:
-        """(BatchSource, held-out batches) for the node `peer_id`: reads data, so run it in a worker thread."""
-        source = self.batches(peer_id) if callable(self.batches) and not _is_source(self.batches) else self.batches
-        if not _is_source(source):
-            source = IterableBatches(source)
-        heldout = self.heldout() if callable(self.heldout) else self.heldout
+        """(BatchSource, held-out batches) for the node `peer_id`: reads data, so run it in a worker thread.
+        A file the task's functions cannot read is a `DataError` naming it (`OSError` turned into one)."""
+        try:
+            source = self.batches(peer_id) if callable(self.batches) and not _is_source(self.batches) else self.batches
+            if not _is_source(source):
+                source = IterableBatches(source)
+            heldout = self.heldout() if callable(self.heldout) else self.heldout
+        except OSError as exc:
+            raise TaskDataError(f"the task's data: {exc}") from None
         return source, heldout if isinstance(heldout, list) else list(heldout)  # a list subclass kept (HeldOut)
+
+    def run_fields(self, peer_id: str) -> dict[str, object]:
+        """The model's run-wide fields (`Model.run_fields`) for this task's batches; without `example`, the
+        batches of `peer_id` are opened (once per task) and their first batch peeked."""
+        example = self.example
+        if example is None:
+            if (example := self.__dict__.get("_example")) is None:
+                source, _ = self.open(peer_id)
+                try:
+                    example = source.example() if hasattr(source, "example") else None
+                except OSError as exc:
+                    raise TaskDataError(f"the task's data: {exc}") from None
+                if example is None:
+                    raise TaskError("the task's batches have no example(): give Task(example=a batch)")
+                object.__setattr__(self, "_example", example)
+        return self.model.run_fields(example)
+
+
+class TaskDataError(DataError):
+    """A library task's data cannot be read (a file its functions open is missing, say): a user error."""
 
 
 def _is_source(obj: Any) -> bool:

@@ -65,11 +65,12 @@ class ShouldStop:
     """`InnerLoop.run`'s should_stop for one round (called in the worker thread before each step): a stop
     request ends the round before the next step; the time budget (`--adaptive-steps`) only once
     `min_steps` ran, so that an update always stands for real work (a node whose budget came out near
-    zero would otherwise publish a burst of one-step rounds)."""
+    zero would otherwise publish a burst of one-step rounds). `ended()` (the run reached its last slot, so
+    this round's update could enter no slot) ends it too."""
 
     def __init__(self, stop: Callable[[], bool], slowdown: Slowdown, budget_s: float | None,
-                 min_steps: int = 1) -> None:
-        self.stop, self.slowdown = stop, slowdown
+                 min_steps: int = 1, ended: Callable[[], bool] = lambda: False) -> None:
+        self.stop, self.slowdown, self.ended = stop, slowdown, ended
         self.deadline = None if budget_s is None else time.monotonic() + budget_s
         self.min_steps = max(1, min_steps)
         self.calls = 0
@@ -77,7 +78,7 @@ class ShouldStop:
     def __call__(self) -> bool:
         self.slowdown.before_step()
         self.calls += 1
-        if self.stop():
+        if self.stop() or self.ended():
             return True
         return self.calls > self.min_steps and self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -143,10 +144,20 @@ class Rounds:
         self._round_started_at = 0.0  # the host's clock when the round in progress started (its journal)
         self.published_at_stop: str | None = None  # the payload blob of the round a stop cut short, once published
         self.deferred: InflightRound | None = None  # a previous process's round whose base slot is still ahead
+        self.end_slot = settings.max_rounds  # the run's last slot (its configuration's outer.end_slot)
+        self._last_target = 0  # the slot this process's last update entered
 
     @property
     def last_round(self) -> bool:
-        return self.settings.max_rounds is not None and self.stats.round >= self.settings.max_rounds
+        """The run has reached its end (`--max-rounds`, the run's last slot): the replica closed that slot, or
+        this node's last update entered it (a later round's update could enter no slot). A fact of the run,
+        so a late joiner and a restarted node stop where the others do."""
+        end = self.end_slot
+        return end is not None and (self.replica.slot >= end or self._last_target >= end)
+
+    def _past_end(self, publish_slot: int) -> bool:
+        """An update published now would enter a slot after the run's last: nobody would take it."""
+        return self.end_slot is not None and publish_slot + 1 > self.end_slot
 
     def _budget(self) -> float | None:
         if not self.settings.adaptive_steps:
@@ -240,6 +251,8 @@ class Rounds:
         return await self._publish_recovered(inflight)
 
     async def _publish_recovered(self, inflight: InflightRound) -> bool:
+        if self._past_end(self.replica.slot):
+            return _dropped(inflight, f"the run has reached its last slot {self.end_slot}")
         self.loop.batches.seek(max(self.loop.batches.position, inflight.data_position))
         payload, norms = await trio.to_thread.run_sync(compress, self.feedback, dict(inflight.delta))
         try:
@@ -339,7 +352,8 @@ class Rounds:
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
         should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),
-                                 min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps))
+                                 min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps),
+                                 ended=lambda: self._past_end(self.replica.slot))
         result, compressed = await self._train_through_close(shift, should_stop, phases)
         base_slot = shift.applied_slot
         clock.lap("train_hop")
@@ -350,6 +364,11 @@ class Rounds:
             return False
         payload, norms = compressed
         publish_slot = self.replica.slot
+        if self._past_end(publish_slot):
+            log.info("round %d (%d steps) not published: the run reached its last slot %d while it trained",
+                     self.stats.round + 1, result.steps, self.end_slot)
+            self.feedback.reset()
+            return False
         if self.poison is not None:
             signed, outcome, stored_deltas = await self._publish_poisoned(payload, norms, base_slot, publish_slot)
             meta = update_meta(signed)
@@ -370,6 +389,7 @@ class Rounds:
             if self.stats.disk_errors.pop("update_blob", None) is not None:
                 log.warning("update blobs are written again: round %d published", self.stats.round + 1)
         self._count(result)
+        self._last_target = meta.target_slot
         if self.stop_requested():  # the runtime hands it over to the peers before it leaves
             self.published_at_stop = signed.body.payload_sha256.hex()
         log.info("round %d: %d steps%s, loss %.4f, %.2f s; published %s (base %d, slot %d, %d bytes, blob %s): %s",

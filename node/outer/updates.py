@@ -51,7 +51,8 @@ def check_header(header: UpdateHeader, shapes: Shapes) -> None:
 
 def accept_hook(shapes: Shapes, ledger: LedgerConfig | None = None) -> Callable[[Signed], None]:
     """For `HostConfig.accept`: refuse, from the header alone, an update for another model, with impossible
-    slots or counts, or claiming more work than the run allows (`ledger`'s limits: `bad_claim`) — before
+    slots or counts, claiming more work than the run allows (`ledger`'s limits: `bad_claim`), or for a slot
+    after the run's end (`past_end`) — before
     its payload is fetched and before it is forwarded, so the peer that sent it is the one penalised."""
     expected = shapes_field(shapes)
 
@@ -66,6 +67,9 @@ def accept_hook(shapes: Shapes, ledger: LedgerConfig | None = None) -> Callable[
             meta = update_meta(signed)
             check_meta(meta)
             check_claim(meta, ledger)
+            if ledger.end_slot is not None and meta.target_slot > ledger.end_slot:
+                raise RemoteProtocolError(Reason.PAST_END, f"update {signed.message_id.hex()[:12]} is for slot "
+                                          f"{meta.target_slot}, after the run's last slot {ledger.end_slot}")
 
     return accept
 

@@ -2,7 +2,8 @@
 within its share of the time, checkpoints, and the clean-up of payload blobs.
 
 - `evaluate` when `evaluation_due`: every `--eval-every` rounds, postponed while the evaluations of this
-  process took more than `--eval-budget` of its wall time.
+  process took more than `--eval-budget` of its wall time (logged once per postponement), but never for more
+  than `MAX_POSTPONED` times `--eval-every` rounds: a node's held-out figure is never stale for the whole run.
 - `vet` a forked state the fork choice would adopt (`Replica.adopt_pending`): its model on the held-out
   batches against ours, the same batches for both. Its weight (the tokens of its finalized slots) is its
   server's word, which no peer can check without the history; its parameters are checked against its
@@ -47,6 +48,8 @@ from protocol.ledger.proof import proofs_doc
 __all__ = ["BetweenRounds", "HeldBlobs", "held_out_pair", "vet_synced_state"]
 
 log = logging.getLogger("node.outer.upkeep")
+
+MAX_POSTPONED = 4  # an evaluation the budget postpones is taken anyway this many --eval-every rounds late
 
 
 async def held_out_pair(loop: InnerLoop, heldout: list, stats: NodeStats, ours, theirs) -> tuple[float, float]:
@@ -115,6 +118,7 @@ class BetweenRounds:
         self.feedback, self.stats, self.heldout, self.checkpoints, self.blobs = feedback, stats, heldout, checkpoints, blobs
         self._eval_s = 0.0  # duration of the last evaluation
         self._eval_round = stats.round  # round of the last evaluation (or of the start)
+        self._postponed_at: int | None = None  # the round an evaluation was first postponed at (logged then)
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
         self._write_lock = trio.Lock()
         self._writing = False  # a background checkpoint write is in flight
@@ -124,25 +128,34 @@ class BetweenRounds:
         """After a round: `--eval-every` rounds after the last evaluation, postponed while the evaluations
         of this process took more than `--eval-budget` of its time (so that they cost at most that share)."""
         every = self.settings.eval_every
-        if not every or self.stats.round - self._eval_round < every:
+        since = self.stats.round - self._eval_round
+        if not every or since < every:
             return False
         spent = self.stats.time_s["evaluate"]
         wall = time.time() - self.stats.started_at
-        return spent + self._eval_s <= self.settings.eval_budget * wall
+        if spent + self._eval_s <= self.settings.eval_budget * wall or since >= MAX_POSTPONED * every:
+            return True
+        if self._postponed_at is None:
+            self._postponed_at = self.stats.round
+            log.info("held-out evaluation postponed at round %d: evaluations took %.1f s of this process's %.0f s, "
+                     "over --eval-budget %.0f%% (taken anyway by round %d)", self.stats.round, spent, wall,
+                     100 * self.settings.eval_budget, self._eval_round + MAX_POSTPONED * every)
+        return False
 
-    async def evaluate(self) -> float:
+    async def evaluate(self, what: str = "") -> float:
         """Held-out loss of the global parameters (the model's metric: bits per byte for the byte-level
-        model); recorded in the stats."""
+        model); recorded in the stats with the slot it was taken at. `what` names it in the log line (the
+        final model's, at the end of a run)."""
         started = time.perf_counter()
         with self.stats.timed("evaluate"):
-            params = await self.replica.params()
+            slot, params = await self.replica.params_at()
             bpb = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
-        self._eval_s, self._eval_round = time.perf_counter() - started, self.stats.round
+        self._eval_s, self._eval_round, self._postponed_at = time.perf_counter() - started, self.stats.round, None
         if math.isfinite(bpb):
-            self.stats.eval_loss = bpb
+            self.stats.eval_loss, self.stats.eval_slot = bpb, slot
             self.stats.eval_history.append([self.stats.tokens, time.time(), bpb])
-        log.info("held-out %.4f %s at slot %d (round %d)", bpb, self.loop.model.metric, self.replica.slot,
-                 self.stats.round)
+        log.info("held-out %.4f %s at slot %d (round %d)%s", bpb, self.loop.model.metric, slot, self.stats.round,
+                 f": {what}" if what else "")
         return bpb
 
     async def vet(self, proposal: Proposal) -> bool:

@@ -174,70 +174,72 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting); `on_piece(peer,
     index)` of every verified bottom piece (`node.sync.statefetch`). `vet(choice, ledger)` may refuse a
     downloaded state (module doc): its donors' states are then left out of the rest of this join."""
-    deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
+    started = trio.current_time()
+    deadline = math.inf if timeout_s is None else started + timeout_s
     unconfirmed_tries = empty_asks = 0
     refused: set[str] = set()
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
-            while trio.current_time() < deadline:
-                if not host.connected_peers():
-                    waiting(_no_peer(host))
-                    await trio.sleep(retry_s)
-                    continue
-                manifests, all_syncing = await fetch_manifests(client, host, run_id)
-                empty_asks = empty_asks + 1 if all_syncing else 0
-                if empty_asks >= 3 and own is not None:
-                    log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
-                    return None
-                choices = choose([m for m in manifests if m.origin not in refused])
-                if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
-                    best = choices[0]
-                    if own is not None and (best.manifest.slot < own[0] or
-                                            (best.manifest.slot == own[0] and best.manifest.ledger_digest == own[1])):
-                        log.info("own state (slot %d) is as fresh as the peers' (slot %d): keeping it", own[0],
-                                 best.manifest.slot)
+        with trio.move_on_at(deadline):  # a download in flight at the deadline is cut short too
+            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+                while trio.current_time() < deadline:
+                    if not host.connected_peers():
+                        waiting(_no_peer(host))
+                        await trio.sleep(retry_s)
+                        continue
+                    manifests, all_syncing = await fetch_manifests(client, host, run_id)
+                    empty_asks = empty_asks + 1 if all_syncing else 0
+                    if empty_asks >= 3 and own is not None:
+                        log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
                         return None
-                    if not best.confirmed:
-                        log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
-                                    best.manifest.slot, best.confirmed_by[0])
-                    for choice in choices:
-                        what = f"the download of the state of slot {choice.manifest.slot}"
-                        waiting(what)
-                        verified = 0
+                    choices = choose([m for m in manifests if m.origin not in refused])
+                    if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
+                        best = choices[0]
+                        if own is not None and (best.manifest.slot < own[0] or
+                                                (best.manifest.slot == own[0] and best.manifest.ledger_digest == own[1])):
+                            log.info("own state (slot %d) is as fresh as the peers' (slot %d): keeping it", own[0],
+                                     best.manifest.slot)
+                            return None
+                        if not best.confirmed:
+                            log.warning("state of slot %d is vouched for by %s only (no second peer agrees)",
+                                        best.manifest.slot, best.confirmed_by[0])
+                        for choice in choices:
+                            what = f"the download of the state of slot {choice.manifest.slot}"
+                            waiting(what)
+                            verified = 0
 
-                        def progress(peer: str, index: int) -> None:
-                            nonlocal verified
-                            verified += 1
-                            waiting(f"{what}: {verified} pieces of its parameters verified (4 MiB each)")
-                            if on_piece is not None:
-                                on_piece(peer, index)
+                            def progress(peer: str, index: int) -> None:
+                                nonlocal verified
+                                verified += 1
+                                waiting(f"{what}: {verified} pieces of its parameters verified")
+                                if on_piece is not None:
+                                    on_piece(peer, index)
 
-                        try:
-                            loaded = await download_state(host, choice.manifests, config, shapes, bottom,
-                                                          on_piece=progress)
-                        except (RemoteProtocolError, TransportError, OSError) as exc:
-                            log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
-                                        choice.confirmed_by, exc)
-                            continue
-                        if vet is not None and not await vet(choice, loaded.ledger):
-                            refused.update(choice.confirmed_by)
-                            continue
-                        log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
-                                 choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
-                        return SyncResult(loaded.ledger, loaded.meta.seen, choice,
-                                          tuple(loaded.fetched_payloads()), loaded.proofs(), frozenset(refused))
-                if choices:
-                    unconfirmed_tries += 1
-                    waiting("a second peer to confirm the state of slot "
-                            f"{choices[0].manifest.slot} (try {unconfirmed_tries} of 3)")
-                else:
-                    why = "all syncing too" if all_syncing else "none served one yet" if not refused else \
-                        f"the states of {len(refused)} refused by the vet"
-                    waiting(f"a usable state from {len(host.connected_peers())} connected peer(s) ({why})")
-                await trio.sleep(retry_s)
+                            try:
+                                loaded = await download_state(host, choice.manifests, config, shapes, bottom,
+                                                              on_piece=progress)
+                            except (RemoteProtocolError, TransportError, OSError) as exc:
+                                log.warning("state of slot %d from %s unusable: %s", choice.manifest.slot,
+                                            choice.confirmed_by, exc)
+                                continue
+                            if vet is not None and not await vet(choice, loaded.ledger):
+                                refused.update(choice.confirmed_by)
+                                continue
+                            log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
+                                     choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
+                            return SyncResult(loaded.ledger, loaded.meta.seen, choice,
+                                              tuple(loaded.fetched_payloads()), loaded.proofs(), frozenset(refused))
+                    if choices:
+                        unconfirmed_tries += 1
+                        waiting("a second peer to confirm the state of slot "
+                                f"{choices[0].manifest.slot} (try {unconfirmed_tries} of 3)")
+                    else:
+                        why = "all syncing too" if all_syncing else "none served one yet" if not refused else \
+                            f"the states of {len(refused)} refused by the vet"
+                        waiting(f"a usable state from {len(host.connected_peers())} connected peer(s) ({why})")
+                    await trio.sleep(retry_s)
     finally:
         waiting(None)
-    raise NoPeerState(f"no usable peer state within {timeout_s:g} s; "
+    raise NoPeerState(f"no usable peer state in {trio.current_time() - started:.0f} s (--sync-timeout {timeout_s:g}); "
                       + (_no_peer(host) if not host.connected_peers() else
                          f"{len(host.connected_peers())} peer(s) connected but none served a usable state"))
 

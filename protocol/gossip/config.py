@@ -35,6 +35,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.PEER_BANNED: 0.0,
     Reason.BAD_SLOT: 10.0,
     Reason.TOO_STALE: 0.0,
+    Reason.PAST_END: 10.0,  # an update after the run's last slot: honest nodes never publish one
     Reason.BAD_CODEC: 40.0,
     Reason.SHAPE_MISMATCH: 40.0,
     Reason.NON_FINITE: 40.0,

@@ -95,12 +95,14 @@ class Handshake:
 
     def _advance(self, message: object) -> list[Message]:
         if self.state is State.AWAIT_HELLO and type(message) is Hello:
+            if self.admission is not None and (message.version, message.run_id) == (self.hello.version, self.hello.run_id):
+                # a closed run's outsider is `not_admitted`, before its configuration (which names another
+                # founder, or none) would make it a `config_mismatch`
+                self.admission.check_peer(message.peer_id, message.membership)
             signing.check_hello(message, self.hello)
             if self.expected_peer is not None and message.peer_id != self.expected_peer:
                 raise RemoteProtocolError(Reason.BAD_IDENTITY, f"expected {self.expected_peer}, got {message.peer_id}")
             self._check_addresses(message)
-            if self.admission is not None:
-                self.admission.check_peer(message.peer_id, message.membership)
             self.peer = message
             self.state = State.AWAIT_PROOF
             return [signing.make_hello_proof(self.identity, self.hello, message)]

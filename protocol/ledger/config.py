@@ -101,6 +101,8 @@ class LedgerConfig:
     max_updates_per_origin: K: an origin with more than K updates in a slot counts for nothing there, and a
     slot keeps at most K + 1 of an origin's updates, the smallest ids (:mod:`protocol.ledger.bound`; None:
     no limit, every update is kept and the smallest id counts).
+    end_slot: the run's last slot (None: the run has no end). An update that would enter a later slot is
+    refused (``past_end``), and no slot past it is ever closed: every replica ends at the same set.
     """
 
     window: int = 4
@@ -119,6 +121,7 @@ class LedgerConfig:
     tokens_per_step: int | None = None
     max_inner_steps: int | None = None
     max_updates_per_origin: int | None = 2
+    end_slot: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -143,6 +146,8 @@ class LedgerConfig:
             raise LocalProtocolError(
                 f"max_updates_per_origin must be None or an int ≥ 1, got {self.max_updates_per_origin!r}"
             )
+        if self.end_slot is not None and (type(self.end_slot) is not int or self.end_slot < 0):
+            raise LocalProtocolError(f"end_slot must be None or an int ≥ 0, got {self.end_slot!r}")
         for name in ("tokens_per_step", "max_inner_steps"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
@@ -199,4 +204,5 @@ class LedgerConfig:
             "tokens_per_step": self.tokens_per_step,
             "max_inner_steps": self.max_inner_steps,
             "max_updates_per_origin": self.max_updates_per_origin,
+            "end_slot": self.end_slot,
         }

@@ -268,6 +268,10 @@ class Ledger:
         if target > n + 1 + self.config.max_future_slots:
             raise RemoteProtocolError(Reason.BAD_SLOT, f"slot {target} is too far ahead of open slot {n + 1}")
         stale = target <= self._base
+        end = self.config.end_slot
+        if end is not None and (n + 1 if stale else target) > end:
+            raise RemoteProtocolError(Reason.PAST_END, f"it would enter slot {n + 1 if stale else target}, after the "
+                                                       f"run's last slot {end}")
         if stale and self.config.stale_policy is StalePolicy.DROP:
             self._seen.add(meta.update_id)
             return self._count(Outcome.DROPPED_STALE)
@@ -356,6 +360,8 @@ class Ledger:
         advances them first, so no result depends on when that happens.
         """
         s = self._n + 1
+        if self.config.end_slot is not None and s > self.config.end_slot:
+            raise LocalProtocolError(f"slot {s} is after the run's last slot {self.config.end_slot}: nothing to close")
         newest = self._slots.get(s - 1)  # the newest closed slot until now hands its kept sums over
         self._slots[s].keep(newest.release() if newest is not None else None)
         self._canonical_step(self._theta, self._v, [self._slots[s]])

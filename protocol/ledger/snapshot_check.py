@@ -29,6 +29,8 @@ def check_snapshot(snap: LedgerSnapshot, config: LedgerConfig, shapes: Mapping[s
     if shapes is not None and {n: tuple(s) for n, s in shapes.items()} != dict(snap.shapes):
         raise bad_state("tensor names or shapes differ from the local model")
     n, base = snap.slot, snap.base_slot
+    if config.end_slot is not None and n > config.end_slot:
+        raise bad_state(f"slot {n} is after the run's last slot {config.end_slot}")
     if base != max(0, n - config.window):
         raise bad_state(f"base_slot {base} is not max(0, slot − window) for slot {n}")
     ids = [e.meta.update_id for e in snap.entries]
@@ -43,6 +45,8 @@ def check_snapshot(snap: LedgerSnapshot, config: LedgerConfig, shapes: Mapping[s
             check_claim(e.meta, config)
         except RemoteProtocolError as exc:
             raise bad_state(f"entry: {exc}") from None
+        if config.end_slot is not None and e.slot > config.end_slot:
+            raise bad_state(f"entry in slot {e.slot}, after the run's last slot {config.end_slot}")
         target, live = e.meta.target_slot, base < e.slot <= n + 1
         held = e.slot > n + 1 and e.slot == target and e.slot <= n + 1 + config.max_future_slots
         if not (held or (live and target <= e.slot and (target == e.slot or target <= e.slot - 1 - config.window))):

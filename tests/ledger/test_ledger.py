@@ -220,3 +220,25 @@ def test_initial_momentum_and_resync():
         Ledger(params(), config(), momentum={"w": np.zeros((3, 2))})
     with pytest.raises(LocalProtocolError):
         led.applied_ids(0)
+
+
+def test_the_runs_last_slot_takes_nothing_after_it():
+    """`end_slot`: no update enters a later slot (refused from its slot alone, nothing changed or remembered),
+    no slot after it closes, and a snapshot past it is refused: replicas of a run with an end end alike."""
+    led = Ledger(params(), config(window=1, end_slot=2))
+    assert led.add(*update("a/1", 0, 0)) is Outcome.APPLIED_OPEN
+    with pytest.raises(RemoteProtocolError) as refused:
+        led.add(*update("b/3", 1, 2))  # its sender had closed slot 2: it would enter slot 3
+    assert refused.value.reason is Reason.PAST_END
+    assert led.add(*update("c/2", 0, 1)) is Outcome.HELD_FUTURE
+    led.close_slot()
+    led.close_slot()
+    assert led.slot == 2
+    with pytest.raises(LocalProtocolError, match="after the run's last slot"):
+        led.close_slot()
+    with pytest.raises(RemoteProtocolError) as stale:  # its slot left the window: it would enter the open slot 3
+        led.add(*update("d/1", 0, 0))
+    assert stale.value.reason is Reason.PAST_END
+    assert led.add(*update("e/2", 1, 1)) is Outcome.FOLDED_LATE  # slot 2 is the last one: still taken
+    assert update("b/3", 1, 2)[0].update_id not in led.seen_ids()  # refused, so not remembered
+    assert config(end_slot=2).fingerprint()["end_slot"] == 2 and config().fingerprint()["end_slot"] is None

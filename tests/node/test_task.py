@@ -40,7 +40,9 @@ def test_a_pytree_model_in_flat_form_and_back() -> None:
     assert all(np.array_equal(flat[k], model.init_params(7)[k]) for k in flat)  # same seed, same arrays
     tree = model.unflatten(flat)
     assert np.array_equal(tree["layers"][1]["w"], flat["layers.1.w"])
-    assert model.run_fields() == {"model.name": "reg", "model.parameters": 17, "inner.lr": 1e-3}
+    fields = model.run_fields(regression(np.random.default_rng(0), 8))
+    assert {k: fields[k] for k in ("model.name", "model.parameters", "inner.lr")} == {
+        "model.name": "reg", "model.parameters": 17, "inner.lr": 1e-3}
     with pytest.raises(LocalProtocolError, match="missing"):
         model.check({k: v for k, v in flat.items() if k != "bias"})
     with pytest.raises(LocalProtocolError, match="shape"):
@@ -126,3 +128,23 @@ def test_a_flax_nnx_module_is_a_model() -> None:
     summed, count = model.flat_evaluate(flat, batch)  # the given evaluation: mean absolute error, summed
     assert count == 16 and float(summed) == pytest.approx(float(np.abs(reference(batch["x"]) - batch["y"]).sum()),
                                                           rel=1e-5)
+
+
+def test_data_parallel_of_a_task_trains_on_the_workers_batches_concatenated() -> None:
+    """`run_task_baseline`: the task's model and optimizer on its workers' batches side by side, as N nodes of
+    those peer ids draw them (the benchmarks' data-parallel at equal tokens for a library task)."""
+    from node.island.baseline import ConcatSources, run_task_baseline
+
+    def batches(peer_id: str):
+        rng = np.random.default_rng(sum(peer_id.encode()))
+        while True:
+            yield regression(rng, 4)
+
+    heldout = [regression(np.random.default_rng(99), 16)]
+    task = Task(Model(name="reg", init=init, loss=loss, lr=1e-2), batches=batches, heldout=heldout, tokens_per_batch=4)
+    curve = run_task_baseline(task, steps=3, shard_keys=("p", "q"), eval_every=3)
+    assert [(p.step, p.tokens) for p in curve] == [(0, 0), (3, 24)]
+    by_hand = InnerLoop(task.model, ConcatSources([task.open("p")[0], task.open("q")[0]]), tokens_per_batch=8)
+    assert by_hand.batches.example()["x"].shape == (8, 3)
+    by_hand.run(3)
+    assert by_hand.evaluate(heldout) == curve[-1].bits_per_byte

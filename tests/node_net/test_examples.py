@@ -26,10 +26,11 @@ def _evaluations(node) -> list[float]:
 @pytest.mark.parametrize("example", ["mlp_spirals.py", "nnx_bars.py"])
 def test_two_processes_train_the_example_and_agree(cluster, example: str) -> None:
     program = (str(REPO / "examples" / example),)
-    # a trains 7 rounds, b 5: a is still training when b arrives (b is up within a round or two of a's start)
+    # the run ends at slot 7; b takes that from a: a is still training when b arrives (b is up within a round
+    # or two of a's start)
     a = cluster("a", *COMMON, "--max-rounds", "7", program=program, model_args=())
     a.wait_listening(START_S)
-    b = cluster("b", *COMMON, "--max-rounds", "5", "--peers", a.gossip, program=program, model_args=())
+    b = cluster("b", *COMMON, "--peers", a.gossip, program=program, model_args=())
     b.wait_listening(START_S)
     lines = [node.wait_line("STOPPED ", 180.0) for node in (a, b)]
     assert [node.wait_exit(30.0) for node in (a, b)] == [0, 0]
@@ -52,3 +53,25 @@ def test_the_model_flags_of_diloco_node_are_refused(tmp_path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == ("diloco-node: error: --model choose the byte-level model of "
                                                     "diloco-node; this program trains its own (mlp-spirals)")
+
+
+def test_a_joiner_with_another_head_count_is_refused_naming_the_field(cluster) -> None:
+    """The same tensors, the same parameter count, another model: the run configuration's traced computation
+    (`model.computation`) tells them apart, for a joiner that reads the run's settings (a one-line error, exit
+    2) and at the handshake for one that does not (`config_mismatch`, both sides naming the field)."""
+    program = (str(REPO / "examples" / "char_transformer.py"),)
+    common = ["--inner-steps", "5", "--heartbeat", "0.3", "--eval-every", "0", "--slowdown", "20"]
+    a = cluster("a", *common, program=program, model_args=())
+    a.wait_listening(START_S)
+    adopting = cluster("adopting", *common, "--heads", "2", "--peers", a.gossip, program=program, model_args=())
+    assert adopting.wait_exit(START_S) == 2
+    error = adopting.log_path.read_text().strip().splitlines()[-1]
+    assert error.startswith("diloco-node: error: --peers:") and "model.computation" in error, error
+    handshake = cluster("handshake", *common, "--heads", "2", "--no-adopt", "--peers", a.gossip, program=program,
+                        model_args=())
+    handshake.wait_listening(START_S)
+    a.wait_log(r"config_mismatch.*model\.computation", 60.0)
+    line = next(ln for ln in a.log_path.read_text().splitlines() if "config_mismatch" in ln)
+    assert re.findall(r"([a-z_]+\.[a-z_]+): ours", line) == ["model.computation"], line
+    handshake.wait_log(r"config_mismatch.*model\.computation", 60.0)
+    assert handshake.peer_id not in a.status()["peers"]

@@ -45,7 +45,7 @@ async def test_a_flooding_peer_counts_for_nothing_and_leaves_a_few_payloads_per_
     assert len({r.line() for r in results.values()}) == 1, results  # equal digests, the flooder's too
 
     flooded = set(f.rounds.misbehave.flooded)
-    assert len(flooded) == ROUNDS * Misbehave.FLOOD
+    assert len(flooded) == f.stats.round * Misbehave.FLOOD and f.stats.round >= 1
     limit = a.ledger_config.max_updates_per_origin
     for honest in (a, b):
         outcomes = honest.replica.outcomes

@@ -1,16 +1,20 @@
 """Tier (c): real `diloco-node` processes on loopback (the tiny model, shrunk).
 
-- three nodes train, loss falls, and after `--max-rounds` all stop with equal ledger and params digests;
-  a fourth node started mid-run syncs the others' state, trains, and stops with the same digests;
+- three nodes train, loss falls, and at the run's end (`--max-rounds`: its last slot) all stop with equal
+  ledger and params digests; a fourth node started mid-run, without `--max-rounds` (it takes the run's),
+  syncs the others' state, trains fewer rounds, and stops at the same slot with the same digests;
 - one node SIGKILLed mid-run: the other two keep advancing; restarted, it resumes from its own checkpoint,
-  syncs, and all three stop with equal digests.
+  syncs, and all three stop at the run's end with equal digests.
 
 No fixed sleeps: every wait is a `/status` predicate or a stdout line, with a bounded timeout.
 """
 
 from __future__ import annotations
 
+import json
+
 from node.checkpoint import CheckpointDir
+from node.status import LAST_STATUS
 
 # --eval-budget 1: every second round is evaluated whatever it costs (the default 2% share skips evaluations
 # on a loaded machine, and the tests read the loss's fall from the evaluations)
@@ -40,7 +44,7 @@ def test_three_nodes_train_and_stop_equal_and_a_joiner_syncs(cluster) -> None:
     for node in (b, c):  # a joiner takes a state two peers vouch for: every founder past slot 3 first
         node.wait_status(lambda s: s["slot"] >= 3, 120.0, "slot 3")
 
-    d = cluster("d", *COMMON, "--max-rounds", "3", "--peers", a.gossip)
+    d = cluster("d", *COMMON, "--peers", a.gossip)  # the run's end comes with the run's configuration
     d.wait_listening(START_S)
     joined = d.wait_status(lambda s: s["state"] == "training", START_S, "the joiner training")
     sync = joined["sync"]
@@ -49,11 +53,13 @@ def test_three_nodes_train_and_stop_equal_and_a_joiner_syncs(cluster) -> None:
     if len(sync["confirmed_by"]) < 2:  # only if the three were mid-close at every ask
         assert "vouched for by" in d.log_path.read_text()
 
-    last = {n.peer_id: n.wait_status(lambda s: s["round"] >= 9, 150.0, "round 9") for n in (a, b, c)}
+    assert d.status()["end_slot"] == 10
+    last = {n.peer_id: n.wait_status(lambda s: s["slot"] >= 8, 150.0, "slot 8") for n in (a, b, c)}
     lines = [stopped_line(n) for n in (a, b, c, d)]
     assert len(set(lines)) == 1, "\n".join(lines)
-    slot = int(lines[0].split()[1])
-    assert slot >= 10, "every node's slot advanced past its own round count"
+    assert int(lines[0].split()[1]) == 10, "every node stopped at the run's last slot"
+    joiner = json.loads((d.home / "ckpt" / LAST_STATUS).read_text())
+    assert joiner["slot"] == 10 and joiner["round"] < 10, "the joiner trained only the run's remaining rounds"
     founder = last[a.peer_id]["eval_history"]
     assert founder[0][0] == 0 and founder[0][2] > 7.0 and founder[-1][2] < founder[0][2] - 2.0, founder
     for status in last.values():
@@ -90,6 +96,7 @@ def test_a_killed_node_does_not_stop_the_others_and_resumes_from_its_checkpoint(
 
     lines = [stopped_line(n) for n in (a, b, c)]
     assert len(set(lines)) == 1, "\n".join(lines)
+    assert int(lines[0].split()[1]) == 12, "the restarted node stopped at the run's last slot with the others"
 
 
 def test_sigterm_says_goodbye_writes_a_checkpoint_and_exits_0(cluster) -> None:

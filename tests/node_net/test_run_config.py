@@ -26,7 +26,8 @@ def test_a_peer_with_another_inner_learning_rate_is_refused_at_the_handshake(clu
     line = next(ln for ln in a.log_path.read_text().splitlines() if "config_mismatch" in ln)
     assert "inner.lr: ours 0.01, theirs 0.5" in line, line
     named = set(re.findall(r"([a-z_]+\.[a-z_]+): ours", line))
-    assert named == {"inner.lr", "outer.max_step_rms"}, named  # and what follows from it: the update bound
+    # and what follows from it: the traced optimizer, the schedule's values, the update bound
+    assert named == {"inner.lr", "inner.optimizer", "inner.schedule", "outer.max_step_rms"}, named
     assert a.status()["updates_rejected"].get("config_mismatch", 0) >= 1
     assert c.peer_id not in a.status()["peers"] and a.peer_id not in c.status()["peers"]
     c.wait_log("config_mismatch", 60.0)

@@ -5,7 +5,7 @@ honest, and with the third one started with `--misbehave tarpit` (it trains and 
 serves every blob one byte per 20 s). Node a's
 intake of node b's updates is measured in both runs from the logs: for each update b published, whether a
 fetched its blob within `ON_TIME_S` of the publication. The tarpitted run must take at least
-`1 - TOLERANCE` of the honest run's on-time count, and a must have dropped the tarpit's downloads as
+`1 - TOLERANCE` of the honest run's on-time share, and a must have dropped the tarpit's downloads as
 `too_slow`.
 
 Before the minimum rate (`p2p.blobfetch`) and the per-holder limit (`protocol.gossip.fetches`), each download
@@ -45,7 +45,7 @@ def _on_time_intake(run: tuple) -> tuple[int, int, str]:
         assert node.wait_exit(300.0) == 0, node.log_tail()
     other.kill()
     delays = intake_delays(b.log_path, a.log_path)
-    assert len(delays) >= ROUNDS - 1, "b published its rounds"
+    assert len(delays) >= ROUNDS // 2, "b published rounds in most of the run's slots"
     return on_time(delays, ON_TIME_S), len(delays), a.log_path.read_text()
 
 
@@ -55,7 +55,7 @@ def test_a_tarpitting_peer_does_not_slow_the_intake_of_honest_updates(cluster) -
     honest, published, _ = _on_time_intake(honest_run)
     assert honest >= published // 2, f"without a tarpit, {honest} of {published} of b's updates reached a on time"
     tarpitted, published_t, log = _on_time_intake(tarpit_run)
-    assert tarpitted >= (1 - TOLERANCE) * honest, (
+    assert tarpitted / published_t >= (1 - TOLERANCE) * honest / published, (
         f"with a tarpit {tarpitted} of {published_t} of b's updates reached a within {ON_TIME_S} s; "
         f"without, {honest} of {published}")
     assert "too_slow" in log, "a dropped the tarpit's downloads, with the reason"
