@@ -136,9 +136,12 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "the own round, while the next one trains) closes it anyway (default %(default)s)")
     train.add_argument("--outer-lr", type=float, default=0.7, metavar="ETA",
                        help="outer Nesterov learning rate, applied by every node (default %(default)s, DiLoCo's)")
-    train.add_argument("--outer-momentum", type=float, default=0.8, metavar="MU",
-                       help="outer Nesterov momentum (default %(default)s: below DiLoCo's 0.9, which every "
-                            "asynchronous run of 3-6 nodes measured in BENCHMARKS.md trained worse with)")
+    train.add_argument("--outer-momentum", type=float, default=0.6, metavar="MU",
+                       help="outer Nesterov momentum (default %(default)s: below DiLoCo's 0.9, tuned for "
+                            "synchronous rounds of H = 500; our slots close on the updates that arrived and fold "
+                            "the others in later, and a higher momentum carries each partial step: 3-node runs "
+                            "of the demo and of a user's transformer measured 1.01 x data-parallel at 0.6, "
+                            "1.03-1.23 at 0.8; BENCHMARKS.md, issue 44)")
     train.add_argument("--norm-clip", type=float, default=1.0, metavar="K",
                        help="bound on any one update's influence: per tensor, updates larger than K x the slot's "
                             "median norm enter with that norm; 0 turns the bound off (default %(default)s; "

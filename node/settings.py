@@ -65,7 +65,7 @@ class NodeSettings:
     window: int = 8
     quorum: int = 1
     outer_lr: float = 0.7
-    outer_momentum: float = 0.8
+    outer_momentum: float = 0.6
     norm_clip: float = 1.0  # protocol.ledger.bound: k of the per-tensor norm bound (0: off)
     heartbeat_s: float = 1.0
     sync_timeout_s: float | None = None  # None: with peers, wait for their state until stopped

@@ -97,7 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--model", default="tiny", help="model preset: tiny, small, base, large (default tiny)")
     a("--inner-steps", type=int, default=20, help="inner steps per round, H (default 20)")
     a("--outer-momentum", type=float, default=None, metavar="MU",
-      help="every node's outer Nesterov momentum (default: diloco-node's, 0.8)")
+      help="every node's outer Nesterov momentum (default: diloco-node's, 0.6)")
     a("--compression", choices=("fp32", "bf16", "int8", "int4"), help="pseudo-gradient codec (default: the node's)")
     a("--data", action="append", default=[], help="text/.npy/.bin file, folder or glob (repeatable; default: "
                                                   "the embedded corpus)")

@@ -22,7 +22,7 @@ class Options:
     steps: int | None = None  # the run's length: until the nodes' mean inner steps reach it (at most `minutes`)
     model: str = "tiny"
     inner_steps: int = 20
-    outer_momentum: float | None = None  # the nodes' --outer-momentum (None: diloco-node's default, 0.8)
+    outer_momentum: float | None = None  # the nodes' --outer-momentum (None: diloco-node's default, 0.6)
     compression: str | None = None
     data: tuple[str, ...] = ()
     seed: int = 0

@@ -82,7 +82,7 @@ def test_the_demo_defaults_span_the_schedule_and_pass_the_outer_momentum(tmp_pat
 
     o = parse_args([])
     assert o.solo_seconds == 20.0, "the solo phase: the overlap figure"
-    assert o.outer_momentum is None and build_parser().get_default("outer_momentum") == 0.8, "the node's own"
+    assert o.outer_momentum is None and build_parser().get_default("outer_momentum") == 0.6, "the node's own"
     spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
 
     def momentum(settings: NodeSettings) -> list[str]:
