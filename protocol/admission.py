@@ -6,10 +6,12 @@ signing a `Membership` — (run id, member peer id, founder peer id) — with it
 
 - in its `hello` (field 8, PROTOCOL.md §4): a node of a closed run refuses a peer that is neither the founder
   nor shows a valid membership for its own peer id, before answering its Hello (`not_admitted`);
-- in every update header it publishes (field 11): a node refuses an update whose origin is neither the
-  founder nor shows one, wherever it comes from (`not_admitted`, in the gossip accept hook, before the payload
-  is fetched or the header forwarded). So a member cannot bring keys of its own into the run by relaying their
-  updates, and the median-based bound counts members only;
+- in every update header it publishes (field 11): a node refuses an update whose origin is not the founder
+  and whose own field 11 does not admit it, wherever it comes from and whatever the node saw of that origin
+  before (`not_admitted`, in the gossip accept hook, before the payload is fetched or the header forwarded:
+  `check_update`, a function of the header and the run, so every replica takes the same updates). So a
+  member cannot bring keys of its own into the run by relaying their updates, and the median-based bound
+  counts members only;
 - other signed messages (goodbyes, state manifests) are taken only from origins already known to be admitted
   (seen in a handshake or an update header).
 
@@ -154,6 +156,19 @@ class Admission:
         if len(self._known) < MAX_KNOWN_MEMBERS:
             self._known.add(peer)
 
+    def check_update(self, origin: str, credential: bytes) -> None:
+        """An update header's origin and its field 11: the founder's, or one whose own membership admits its
+        origin, else `NOT_ADMITTED`. A function of the header and the run alone, never of what this node saw
+        before (a hello, an earlier update): every replica takes or refuses the same updates."""
+        if not self.closed or origin == self.founder:
+            return
+        if not credential:
+            raise RemoteProtocolError(Reason.NOT_ADMITTED, f"update of {origin[:16]} shows no membership of this "
+                                                           "closed run")
+        Membership.from_bytes(credential).verify(self.run_id, self.founder, origin)
+        if len(self._known) < MAX_KNOWN_MEMBERS:
+            self._known.add(origin)
+
     def check_origin(self, peer: str) -> None:
         """A signed message that carries no membership (a goodbye, a manifest): its origin must be known."""
         if not self.admitted(peer):
@@ -167,7 +182,7 @@ class Admission:
 
         def accept(signed: Signed) -> None:
             if isinstance(signed.body, UpdateHeader):
-                self.check_peer(signed.origin, signed.body.membership)
+                self.check_update(signed.origin, signed.body.membership)
             else:
                 self.check_origin(signed.origin)
             if then is not None:

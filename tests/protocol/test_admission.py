@@ -82,3 +82,25 @@ def test_the_accept_hook_refuses_updates_and_messages_of_origins_outside_a_close
     _refused(accept, _update(OUTSIDER, membership.to_bytes()))  # showing a member's membership
     _refused(accept, signing.sign(OUTSIDER, Goodbye(RUN_ID, OUTSIDER.peer_id, 1, "bye")))
     assert seen == [MEMBER.peer_id, MEMBER.peer_id], "the application's hook runs after admission, only for admitted"
+
+
+def test_whether_an_update_counts_reads_the_header_and_the_run_never_what_a_node_saw() -> None:
+    """The fork of issue 45: a member shows its membership in its hello, then publishes an update without
+    field 11. A replica that saw the hello and one that did not must decide alike, in every order of the
+    control traffic they saw: the update is refused by both, and one with field 11 is taken by both."""
+    membership = grant(FOUNDER, RUN_ID, MEMBER.peer_id)
+    bare, shown = _update(MEMBER, seqno=5), _update(MEMBER, membership.to_bytes(), seqno=6)
+    goodbye_first = signing.sign(MEMBER, Goodbye(RUN_ID, MEMBER.peer_id, 1, "bye"))
+    histories = {
+        "saw nothing": [],
+        "saw the member's hello": [lambda a: a.check_peer(MEMBER.peer_id, membership.to_bytes())],
+        "saw an update with field 11 first": [lambda a: a.accept_hook(None)(shown)],
+    }
+    for name, history in histories.items():
+        admission = Admission(RUN_ID, FOUNDER.peer_id, peer_id=FOUNDER.peer_id)
+        for event in history:
+            event(admission)
+        accept = admission.accept_hook(None)
+        assert "shows no membership" in _refused(accept, bare), name
+        accept(shown)
+        accept(goodbye_first)  # known now, whatever the history: a goodbye changes no replica's state
