@@ -148,11 +148,12 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "PROTOCOL.md section 11c, docs/threat-model.md)")
     ev = p.add_argument_group("evaluation and checkpoints")
     ev.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
-                    help="held-out bits-per-byte every ROUNDS rounds, and once before the first; 0: never "
-                         "(default %(default)s)")
+                    help="held-out loss (bits per byte; a library model's own metric) every ROUNDS rounds, once "
+                         "before the first and of the final model at the end; 0: never (default %(default)s)")
     ev.add_argument("--eval-budget", type=float, default=0.02, metavar="FRACTION",
                     help="postpone a due evaluation while evaluations took more than FRACTION of the process's "
-                         "time; 1: no limit (default %(default)s)")
+                         "time (logged; taken anyway 4 x --eval-every rounds late); 1: no limit (default "
+                         "%(default)s)")
     ev.add_argument("--eval-batches", type=int, default=4, metavar="N",
                     help="fixed held-out batches per evaluation (default %(default)s)")
     ev.add_argument("--fork-tolerance", type=float, default=0.1, metavar="FRACTION",

@@ -10,6 +10,7 @@ many steps as the nodes took on average (their last `/status`, `node.status.LAST
 
     python -m testnet.benchmarks.task_nodes --task examples/char_transformer.py:task --nodes 3 --rounds 40
 
+`--late S` starts the last node S seconds after the first (a node joining a running training).
 `--task FILE:FUNCTION` names the program (FILE, which must end in `diloco.run`) and the function that makes
 its Task for the evaluation; `-- ARGS` after everything are passed to every node (e.g. the program's own flags).
 """
@@ -23,13 +24,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from node.status import LAST_STATUS
-from testnet.benchmarks.task_quality import REPO, load_task
+from testnet.benchmarks.task_quality import REPO, load_task, measure_all
 
 
 def _start(program: Path, work: Path, name: str, args: Sequence[str]) -> tuple[subprocess.Popen, Path]:
@@ -45,14 +47,21 @@ def _start(program: Path, work: Path, name: str, args: Sequence[str]) -> tuple[s
     return proc, log
 
 
-def _line(proc: subprocess.Popen, prefix: str, log: Path) -> str:
-    for line in proc.stdout:
-        if line.startswith(prefix):
-            return line.strip()
-    raise RuntimeError(f"the node exited before {prefix}: {log.read_text()[-2000:]}")
+def _line(proc: subprocess.Popen, prefix: str, log: Path, timeout_s: float = 900.0) -> str:
+    """The node's first stdout line starting with `prefix`; RuntimeError if it exits or stays silent."""
+    timer = threading.Timer(timeout_s, proc.kill)  # a node that waits forever (a run that ended without it)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith(prefix):
+                return line.strip()
+    finally:
+        timer.cancel()
+    raise RuntimeError(f"the node exited or waited {timeout_s:.0f} s before {prefix}: {log.read_text()[-2000:]}")
 
 
-def run_nodes(spec: str, nodes: int, rounds: int, inner_steps: int, extra: Sequence[str], work: Path) -> dict[str, Any]:
+def run_nodes(spec: str, nodes: int, rounds: int, inner_steps: int, extra: Sequence[str], work: Path,
+              late_s: float = 0.0) -> dict[str, Any]:
     program = Path(spec.rpartition(":")[0])
     program = program if program.exists() else REPO / program
     common = ["--max-rounds", str(rounds), "--inner-steps", str(inner_steps), *extra]
@@ -61,9 +70,16 @@ def run_nodes(spec: str, nodes: int, rounds: int, inner_steps: int, extra: Seque
     listening = _line(first, "LISTENING ", first_log).split()
     procs = [(first, first_log, listening[1])]
     for i in range(1, nodes):
+        if i == nodes - 1 and late_s:
+            time.sleep(late_s)  # the last node joins a running training
         proc, log = _start(program, work, f"node-{i}", [*common, "--peers", listening[2]])
         procs.append((proc, log, _line(proc, "LISTENING ", log).split()[1]))
-    stopped = [_line(proc, "STOPPED ", log) for proc, log, _ in procs]
+    try:
+        stopped = [_line(proc, "STOPPED ", log) for proc, log, _ in procs]
+    except RuntimeError:
+        for proc, _, _ in procs:
+            proc.kill()
+        raise
     codes = [proc.wait(timeout=120) for proc, _, _ in procs]
     wall = time.perf_counter() - started
     status = [json.loads((work / f"node-{i}" / LAST_STATUS).read_text()) for i in range(nodes)]
@@ -81,7 +97,7 @@ def measure(spec: str, nodes: int, a: argparse.Namespace) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="task-nodes-"))
     try:
-        run = run_nodes(spec, nodes, a.rounds, a.inner_steps, a.node_args, work)
+        run = run_nodes(spec, nodes, a.rounds, a.inner_steps, a.node_args, work, a.late)
         params = global_params(load_checkpoint(work / "node-0"))
     finally:
         if not a.keep:
@@ -93,7 +109,7 @@ def measure(spec: str, nodes: int, a: argparse.Namespace) -> dict[str, Any]:
     steps = round(float(np.mean(run["inner_steps"])))
     dp = run_task_baseline(task, steps=steps, shard_keys=run["peer_ids"], eval_every=max(1, steps))[-1].bits_per_byte
     return {"task": task.model.name, "spec": spec, "nodes": nodes, "rounds": a.rounds, "inner_steps": a.inner_steps,
-            "node_args": list(a.node_args), "metric": task.model.metric, "ours": ours, "dp": dp, "ratio": ours / dp,
+            "node_args": list(a.node_args), "late_s": a.late, "metric": task.model.metric, "ours": ours, "dp": dp, "ratio": ours / dp,
             "steps_per_node": steps, "agreed": len(set(run["stopped"])) == 1, **run}
 
 
@@ -108,19 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--inner-steps", type=int, default=25)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the nodes' logs and checkpoints")
+    p.add_argument("--late", type=float, default=0.0, metavar="SECONDS",
+                   help="start the last node this long after the first one's LISTENING (a late joiner)")
     a = p.parse_args(argv)
     a.node_args = node_args
-    rows = []
-    for spec in a.task:
-        for nodes in a.nodes:
-            row = measure(spec, nodes, a)
-            rows.append(row)
-            print(f"{row['task']:18s} N={nodes:<2d} H={a.inner_steps} rounds={a.rounds} {' '.join(node_args)}: "
-                  f"{row['metric']} ours {row['ours']:.4f} dp {row['dp']:.4f} ratio {row['ratio']:.4f} | steps/node "
-                  f"{row['steps_per_node']} (each {row['inner_steps']}), rounds {row['rounds']}, slots "
-                  f"{row['final_slot']}, agreed {row['agreed']}, {row['wall_s']:.0f} s", flush=True)
-    if a.json is not None:
-        a.json.write_text(json.dumps(rows, indent=1))
+    measure_all(a.task, a, measure, lambda row: (
+        f"{' '.join(node_args)} steps/node {row['steps_per_node']} (each {row['inner_steps']}), rounds "
+        f"{row['rounds']}, slots {row['final_slot']}, agreed {row['agreed']}, {row['wall_s']:.0f} s"))
     return 0
 
 

@@ -27,7 +27,7 @@ import inspect
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,18 +107,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--norm-clip", type=float, default=None, help="default: the node's")
     p.add_argument("--json", type=Path, default=None, help="write the rows to this file")
     a = p.parse_args(argv)
+    measure_all(a.task or DEFAULT_TASKS, a, measure, lambda row: (
+        f"outer lr {row['outer_lr']} momentum {row['outer_momentum']} step rms {row['max_step_rms']} "
+        f"({row['seconds']:.0f} s)"))
+    return 0
+
+
+def measure_all(specs: Sequence[str], a: argparse.Namespace, measure_one: Callable[[str, int, Any], dict[str, Any]],
+                details: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+    """`measure_one(spec, nodes, a)` for every task and every `a.nodes`, a line each (the ratio, then
+    `details(row)`), the rows written to `a.json` when given."""
     rows = []
-    for spec in a.task or DEFAULT_TASKS:
+    for spec in specs:
         for nodes in a.nodes:
-            row = measure(spec, nodes, a)
+            row = measure_one(spec, nodes, a)
             rows.append(row)
-            print(f"{row['task']:18s} N={nodes:<2d} H={a.inner_steps} rounds={a.rounds}: {row['metric']} "
-                  f"ours {row['ours']:.4f} dp {row['dp']:.4f} ratio {row['ratio']:.4f} | outer lr "
-                  f"{row['outer_lr']} momentum {row['outer_momentum']} step rms {row['max_step_rms']} "
-                  f"({row['seconds']:.0f} s)", flush=True)
+            print(f"{row['task']:18s} N={nodes:<2d} H={a.inner_steps} rounds={a.rounds}: {row['metric']} ours "
+                  f"{row['ours']:.4f} dp {row['dp']:.4f} ratio {row['ratio']:.4f} | {details(row)}", flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps(rows, indent=1))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
