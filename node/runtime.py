@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from pathlib import Path
 import trio
 
 import p2p
-from node.checkpoint import Checkpoint, CheckpointDir
+from node.checkpoint import Checkpoint
 from node.chaos import ChaosRoute, ForgeState, Tarpit
 from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
@@ -51,7 +50,7 @@ from node.outer.upkeep import BetweenRounds, HeldBlobs, vet_synced_state
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint
 from node.start import start_state
-from node.settings import NodeSettings, ledger_config, load_admission, run_configuration
+from node.settings import NodeSettings, ledger_config, load_admission, open_checkpoints, run_configuration
 from node.status import NodeStats, StatusRoutes, status_fields, write_last_status
 from node.island.task import Task
 from protocol import kernels
@@ -116,7 +115,7 @@ class NodeRuntime:
         self.policy = SlotClosePolicy(ClosePolicyConfig(quorum=settings.quorum,
                                                         max_hold_steps=max(1.0, 0.5 * settings.inner_steps)))
         self.feedback = ErrorFeedback(settings.compression)
-        self.checkpoints = self._checkpoint_dir()
+        self.checkpoints = open_checkpoints(settings, self.peer_id)
         self.host: p2p.Host
         self.replica: Replica | None = None
         self.rounds: Rounds | None = None
@@ -134,20 +133,6 @@ class NodeRuntime:
         self._resume_from: Checkpoint | None = None  # the checkpoint `_prepare` restores, read first in `run`
         self._resume_blobs: frozenset[str] = frozenset()  # the payload blobs it refers to
         self._resume_seen: frozenset[bytes] = frozenset()  # the update ids its ledger had seen
-
-    def _checkpoint_dir(self) -> CheckpointDir | None:
-        """The checkpoint directory, created and checked writable now (a one-line error, not a crash later)."""
-        s = self.settings
-        if s.checkpoint_dir is None:
-            return None
-        try:
-            checkpoints = CheckpointDir(s.checkpoint_dir, keep=s.keep_checkpoints,
-                                        expect={"run_id": s.run_id, "peer_id": self.peer_id})
-        except OSError as exc:
-            raise ConfigError(f"--checkpoint-dir {s.checkpoint_dir}: {exc.strerror or exc}") from None
-        if not os.access(s.checkpoint_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"--checkpoint-dir {s.checkpoint_dir}: not writable")
-        return checkpoints
 
     # ---- stopping ---------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:

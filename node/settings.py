@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from node.checkpoint import CheckpointDir
 from node.island.config import Config, ConfigError, preset
 from node.island.data import resolve_vocab
 from protocol.addresses import is_wildcard_host
@@ -28,7 +30,7 @@ from protocol.runconfig import encode_config
 if TYPE_CHECKING:
     from node.island.task import Task
 
-__all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "run_configuration"]
+__all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "open_checkpoints", "run_configuration"]
 
 CHAOS_MODES = ("garbage", "bad-updates", "flood", "tarpit", "forge-state", "poison:negate", "poison:scale",
                "poison:random", "poison:tokens")
@@ -215,6 +217,21 @@ def load_admission(settings: NodeSettings, peer_id: str) -> Admission:
         raise ConfigError(f"--membership {settings.membership} admits {membership.member}, but --key is {peer_id}: "
                           "ask the founder for a membership of this key (diloco-admit grant)")
     return Admission(settings.run_id, membership.founder, membership, peer_id=peer_id)
+
+
+def open_checkpoints(settings: NodeSettings, peer_id: str) -> CheckpointDir | None:
+    """The node's `--checkpoint-dir`, created and checked writable now (a one-line error, not a crash later);
+    None without one."""
+    if settings.checkpoint_dir is None:
+        return None
+    try:
+        checkpoints = CheckpointDir(settings.checkpoint_dir, keep=settings.keep_checkpoints,
+                                    expect={"run_id": settings.run_id, "peer_id": peer_id})
+    except OSError as exc:
+        raise ConfigError(f"--checkpoint-dir {settings.checkpoint_dir}: {exc.strerror or exc}") from None
+    if not os.access(settings.checkpoint_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--checkpoint-dir {settings.checkpoint_dir}: not writable")
+    return checkpoints
 
 
 def _fail(message: str) -> None:
