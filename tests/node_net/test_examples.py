@@ -26,9 +26,9 @@ def _evaluations(node) -> list[float]:
 @pytest.mark.parametrize("example", ["mlp_spirals.py", "nnx_bars.py"])
 def test_two_processes_train_the_example_and_agree(cluster, example: str) -> None:
     program = (str(REPO / "examples" / example),)
-    # the run ends at slot 7; b takes that from a: a is still training when b arrives (b is up within a round
-    # or two of a's start)
-    a = cluster("a", *COMMON, "--max-rounds", "7", program=program, model_args=())
+    # the run ends at slot 12; b takes that from a: a is still training when b arrives and trains at least
+    # three rounds with it (b is up within a few rounds of a's start)
+    a = cluster("a", *COMMON, "--max-rounds", "12", program=program, model_args=())
     a.wait_listening(START_S)
     b = cluster("b", *COMMON, "--peers", a.gossip, program=program, model_args=())
     b.wait_listening(START_S)

@@ -54,28 +54,30 @@ def test_three_nodes_train_and_stop_equal_and_a_joiner_syncs(cluster) -> None:
         assert "vouched for by" in d.log_path.read_text()
 
     assert d.status()["end_slot"] == 10
-    last = {n.peer_id: n.wait_status(lambda s: s["slot"] >= 8, 150.0, "slot 8") for n in (a, b, c)}
     lines = [stopped_line(n) for n in (a, b, c, d)]
     assert len(set(lines)) == 1, "\n".join(lines)
     assert int(lines[0].split()[1]) == 10, "every node stopped at the run's last slot"
-    joiner = json.loads((d.home / "ckpt" / LAST_STATUS).read_text())
+    last = {n.peer_id: json.loads((n.home / "ckpt" / LAST_STATUS).read_text()) for n in (a, b, c, d)}
+    joiner = last.pop(d.peer_id)
     assert joiner["slot"] == 10 and joiner["round"] < 10, "the joiner trained only the run's remaining rounds"
     founder = last[a.peer_id]["eval_history"]
     assert founder[0][0] == 0 and founder[0][2] > 7.0 and founder[-1][2] < founder[0][2] - 2.0, founder
     for status in last.values():
-        history = status["eval_history"]
+        history = status["eval_history"]  # the last one: the run's final model, the same for every node
         # A joiner's first evaluation is of the state it synced (how far the founder got first varies),
         # so the check is against the initial parameters' ~7.9 bits per byte.
-        assert len(history) >= 4 and history[-1][2] < 6.0, f"loss fell: {history}"
+        assert len(history) >= 3 and history[-1][2] < 6.0, f"loss fell: {history}"
+        assert status["eval_slot"] == 10 and status["eval_loss"] == founder[-1][2]
         assert status["loss"] is not None and status["contributed_step_seconds"] > 0
         assert not status["updates_rejected"].get("non_finite") and not status["updates_rejected"].get("shape_mismatch")
 
 
 def test_a_killed_node_does_not_stop_the_others_and_resumes_from_its_checkpoint(cluster) -> None:
-    a = cluster("a", *COMMON, "--max-rounds", "12", "--slowdown", "30")
+    # the run's end leaves a and b training while c restarts (a cold start compiles for tens of seconds)
+    a = cluster("a", *COMMON, "--max-rounds", "30", "--slowdown", "30")
     a.wait_listening(START_S)
-    b = cluster("b", *COMMON, "--max-rounds", "12", "--slowdown", "30", "--peers", a.gossip)
-    c = cluster("c", *COMMON, "--max-rounds", "12", "--peers", a.gossip)
+    b = cluster("b", *COMMON, "--max-rounds", "30", "--slowdown", "30", "--peers", a.gossip)
+    c = cluster("c", *COMMON, "--max-rounds", "30", "--peers", a.gossip)
     b.wait_listening(START_S)
     c.wait_listening(START_S)
     c.wait_status(lambda s: s["round"] >= 2 and len(s["peers"]) == 2, START_S, "c at round 2")
@@ -96,7 +98,7 @@ def test_a_killed_node_does_not_stop_the_others_and_resumes_from_its_checkpoint(
 
     lines = [stopped_line(n) for n in (a, b, c)]
     assert len(set(lines)) == 1, "\n".join(lines)
-    assert int(lines[0].split()[1]) == 12, "the restarted node stopped at the run's last slot with the others"
+    assert int(lines[0].split()[1]) == 30, "the restarted node stopped at the run's last slot with the others"
 
 
 def test_sigterm_says_goodbye_writes_a_checkpoint_and_exits_0(cluster) -> None:
