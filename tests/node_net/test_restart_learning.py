@@ -25,7 +25,7 @@ COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "1", "--e
 START_S = 180.0
 NOISE = 0.08  # an evaluation may be this much above the median of the last three before the restart
 AFTER_ROUNDS = 4  # evaluations of the never-killed nodes watched after each restart
-ROUNDS = 54  # the survivors' --max-rounds
+ROUNDS = 70  # the run's end (--max-rounds: its last slot), past the three restarts and their watches
 FORK_SIGNS = ("histories forked", "adopted the state of")
 
 
@@ -69,7 +69,8 @@ def _copy_if_present(src: str, dst: str) -> None:
 
 def test_restarts_from_a_new_an_old_and_no_checkpoint_never_set_the_survivors_back(cluster, tmp_path) -> None:
     # --slowdown stretches the rounds (a sleep, no CPU) so restarts happen mid-run.
-    # a and b train ROUNDS rounds: the three restarts and their watched rounds fit with a dozen rounds to spare
+    # the run ends at slot ROUNDS: the three restarts and their watched rounds fit with a dozen slots to spare
+    # (slots come a little faster than one node's rounds: the three nodes' updates close them)
     a = cluster("a", *COMMON, "--max-rounds", str(ROUNDS), "--slowdown", "50")
     a.wait_listening(START_S)
     b = cluster("b", *COMMON, "--max-rounds", str(ROUNDS), "--slowdown", "50", "--peers", a.gossip)
