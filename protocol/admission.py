@@ -1,7 +1,8 @@
 """Who may take part in a run: anyone (an open run), or the founder and the peers it admitted (a closed run).
 
-A closed run is named by its founder's peer id (the run configuration's `run.founder`, so a node of another
-founder, or of an open run, is refused at the handshake as `config_mismatch`). The founder admits a peer by
+A closed run is named by its founder's peer id (the run configuration's `run.founder`; a node of another
+founder, or of an open run, is refused at the handshake: `not_admitted` by a node of the closed run, which
+checks memberships before configurations, `config_mismatch` by the other). The founder admits a peer by
 signing a `Membership` — (run id, member peer id, founder peer id) — with its key; the member shows it:
 
 - in its `hello` (field 8, PROTOCOL.md §4): a node of a closed run refuses a peer that is neither the founder
