@@ -10,8 +10,10 @@ origin with more than ``max_updates_per_origin`` updates in the slot), and each
 counted update's norm enters as ``ñ_i = min(‖Δ_i‖, τ)``, ``τ`` = ``norm_clip`` × the lower median
 of the counted norms. With three or more counted updates, those whose direction disagrees with the sum of
 the others (cosine at most ``direction_screen``) are screened out of the tensor (``c_i = 0``, no weight) one
-at a time, the most disagreeing first, the cosines taken again among the rest each time, while three are
-left to judge by and more than half of them stay; two that disagree are both screened out. The cosines
+at a time, first the one whose leaving makes the rest agree most, the cosines taken again among the rest
+each time, while three are left to judge by and more than half of them stay; two that disagree are both
+screened out. Of counted updates whose deltas are bit-identical (one payload from colluding origins),
+only the smallest id counts (:func:`protocol.ledger.bound.distinct`). The cosines
 come from ``‖U_R‖²`` and ``⟨Δ_i, U_R⟩`` of the sum ``U_R`` over the updates still in (:class:`ScreenSums`:
 N + 1 inner products per element, in the same pass as ``U``), not from every pair's inner product; a set
 the slot proved to keep everyone from bounds (a late update of a new origin:
@@ -44,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -76,6 +79,11 @@ class SlotEntry:
     deltas: Mapping[str, np.ndarray]
     norms: Mapping[str, float]
     payload: Payload | None = None
+
+    @cached_property
+    def norms_key(self) -> tuple[float, ...]:
+        """Every tensor's norm, in name order: equal for bit-identical deltas (``protocol.ledger.bound.distinct``)."""
+        return tuple(self.norms[name] for name in sorted(self.norms))
 
 
 def uses_radial(name: str, config: LedgerConfig) -> bool:
@@ -278,10 +286,13 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
               cache: ScreenCache | None) -> set[bytes]:
     """Ids of counted entries whose direction disagrees with the rest of the slot (see the module docstring):
     among the ``m ≥ 3`` counted nonzero entries still in (``R``), entry ``i`` disagrees when the cosine ``q_i``
-    between ``Δ_i`` and ``U_{R−i} = Σ_{j∈R, j≠i} c_j Δ_j`` is at most ``direction_screen``; the one with the
-    smallest ``q_i`` (ties: the smaller id) is screened out and the cosines are taken again, while at least
-    three are in and more than half of the ``m`` would stay. (All at once, a negated update's pull on the
-    others' sums could make every update of a three-update slot "disagree", and then nobody was screened.)
+    between ``Δ_i`` and ``U_{R−i} = Σ_{j∈R, j≠i} c_j Δ_j`` is at most ``direction_screen``; of those, the one
+    whose leaving makes the rest agree most is screened out (the largest ``‖U_{R−i}‖ / Σ_{j≠i} e_j``, the
+    length of the others' mean direction; ties: the smaller id), and the cosines are taken again, while at
+    least three are in and more than half of the ``m`` would stay. (All at once, a negated update's pull on
+    the others' sums could make every update of a three-update slot "disagree", and then nobody was
+    screened. By the smallest cosine, a hostile update that outweighs the weakly agreeing honest ones of a
+    small tensor made an honest one's cosine the smallest: the others' sum was then mostly the hostile one.)
     With exactly two, both are screened out when their cosine is at most ``direction_screen``: a step along
     their difference would be noise (one honest update and one negated one).
 
@@ -306,23 +317,21 @@ def _screened(kept: list[SlotEntry], coefficients: dict[bytes, float], name: str
     out: set[bytes] = set()
     while len(remaining) >= 3 and 2 * (len(remaining) - 1) > len(live):
         sums = cache.sums(name, remaining)
-        worst: tuple[float, int] | None = None
-        for k, (e, c) in enumerate(remaining):  # in id order: a tie keeps the smaller id
-            norm, d = e.norms[name], sums.along[e.meta.update_id]
-            own = c * norm
+        sizes = [c * e.norms[name] for e, c in remaining]  # e_i = c_i‖Δ_i‖
+        best: tuple[float, int] | None = None
+        for k, (e, c) in enumerate(remaining):  # in id order: a tie takes the smaller id
+            norm, d, own = e.norms[name], sums.along[e.meta.update_id], sizes[k]
             along = d - own * norm  # ⟨Δ_i, U_{R−i}⟩
             rest_sq = math.fsum((sums.u_squared, (-2.0 * c) * d, own * own))  # ‖U_{R−i}‖²
-            if rest_sq <= 0.0 or norm <= 0.0:  # nothing to agree with, or no direction of its own
-                q = -math.inf
-            elif along <= kappa * norm * math.sqrt(rest_sq):
-                q = along / (norm * math.sqrt(rest_sq))
-            else:
-                continue
-            if worst is None or q < worst[0]:
-                worst = (q, k)
-        if worst is None:
+            if not (rest_sq <= 0.0 or norm <= 0.0 or along <= kappa * norm * math.sqrt(rest_sq)):
+                continue  # it agrees with the others
+            rest_size = math.fsum(sizes[:k] + sizes[k + 1:])
+            agreement = math.sqrt(rest_sq) / rest_size if rest_sq > 0.0 and rest_size > 0.0 else 0.0
+            if best is None or agreement > best[0]:
+                best = (agreement, k)
+        if best is None:
             break
-        out.add(remaining.pop(worst[1])[0].meta.update_id)
+        out.add(remaining.pop(best[1])[0].meta.update_id)
     return out
 
 

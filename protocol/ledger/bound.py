@@ -42,13 +42,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from protocol.errors import RemoteProtocolError, Reason
 from protocol.ledger.config import LedgerConfig, UpdateMeta
 
 if TYPE_CHECKING:
     from protocol.ledger.aggregate import SlotEntry
 
-__all__ = ["check_claim", "check_origin_places", "counted", "counting_ids", "norm_bound", "surplus"]
+__all__ = ["check_claim", "check_origin_places", "counted", "counting_ids", "distinct", "norm_bound", "surplus"]
 
 
 def check_claim(meta: UpdateMeta, config: LedgerConfig) -> None:
@@ -74,9 +76,30 @@ def counting_ids(pairs: Iterable[tuple[str, bytes]], limit: int | None) -> set[b
 
 
 def counted(entries: Sequence[SlotEntry], limit: int | None = None) -> list[SlotEntry]:
-    """The entries that count (:func:`counting_ids`), in ascending ``update_id`` order."""
+    """The entries that count, in ascending ``update_id`` order: per origin the one :func:`counting_ids`
+    names, and of those whose deltas are bit-identical (colluding origins publishing one payload) only the
+    one with the smallest id (:func:`distinct`)."""
     ids = counting_ids(((e.meta.origin, e.meta.update_id) for e in entries), limit)
-    return sorted((e for e in entries if e.meta.update_id in ids), key=lambda e: e.meta.update_id)
+    return distinct(sorted((e for e in entries if e.meta.update_id in ids), key=lambda e: e.meta.update_id))
+
+
+def distinct(entries: Sequence[SlotEntry]) -> list[SlotEntry]:
+    """``entries`` (in ascending id order) without those whose deltas are bit for bit an earlier one's. Only
+    entries whose norms agree in every tensor are compared (honest updates never do), and they are compared
+    by their decoded binary32 bits, so the rule reads the deltas, not how they were encoded or sent."""
+    out: list[SlotEntry] = []
+    by_norms: dict[tuple[float, ...], list[SlotEntry]] = {}
+    for e in entries:
+        same = by_norms.setdefault(e.norms_key, [])
+        if not any(_same_deltas(e, other) for other in same):
+            same.append(e)
+            out.append(e)
+    return out
+
+
+def _same_deltas(a: SlotEntry, b: SlotEntry) -> bool:
+    return all(np.array_equal(np.asarray(a.deltas[name]).view(np.uint32), np.asarray(b.deltas[name]).view(np.uint32))
+               for name in sorted(a.norms))
 
 
 def surplus(entries: Sequence[SlotEntry], meta: UpdateMeta, limit: int | None) -> SlotEntry | UpdateMeta | None:
