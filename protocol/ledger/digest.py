@@ -5,9 +5,11 @@ All are SHA-256 over a domain-separated canonical encoding:
 * slot digest: ``"diloco/ledger-slot/v1\\0" ‖ slot (u64 BE) ‖ count (u32 BE) ‖ sorted ids``;
 * chain: slots that have left the window are folded, in slot order, into
   ``chain_s = H("diloco/ledger-chain/v1\\0" ‖ chain_{s−1} ‖ slot_digest_s)`` starting from ``GENESIS``;
-* ledger digest: ``H("diloco/ledger/v1\\0" ‖ closed slots n (u64 BE) ‖ chain ‖ slot digests of the window
-  and the open slot, in slot order)`` — equal exactly when the same ids were applied at the same slots
-  and the same number of slots were closed (up to SHA-256 collisions);
+* ledger digest: ``H("diloco/ledger/v2\\0" ‖ closed slots n (u64 BE) ‖ chain ‖ finalized tokens (u128 BE) ‖
+  finalized placement sum (40 bytes BE) ‖ slot digests of the window and the open slot, in slot order)`` —
+  equal exactly when the same ids were applied at the same slots, the same number of slots were closed
+  and the same totals were finalized (up to SHA-256 collisions): the totals the fork choice weighs are
+  inside every signed digest, never only a donor's word;
 * array digest: ``H(domain ‖ for each name in sorted order: len ‖ utf-8 name ‖ dtype ‖ ndim ‖ shape ‖ raw
   little-endian C-order bytes)``;
 * tree digest: the same, with the raw bytes of each array replaced by the concatenated SHA-256 of its
@@ -57,11 +59,14 @@ def chain_next(chain: bytes, digest_of_slot: bytes) -> bytes:
     return hashlib.sha256(b"diloco/ledger-chain/v1\0" + chain + digest_of_slot).digest()
 
 
-def ledger_digest(closed_slots: int, chain: bytes, slot_digests: Iterable[bytes]) -> bytes:
-    """Digest of a whole ledger: finalized chain plus the live slots' digests in slot order."""
-    h = hashlib.sha256(b"diloco/ledger/v1\0")
+def ledger_digest(closed_slots: int, chain: bytes, finalized_tokens: int, finalized_placement: bytes,
+                  slot_digests: Iterable[bytes]) -> bytes:
+    """Digest of a whole ledger: finalized chain and totals, plus the live slots' digests in slot order."""
+    h = hashlib.sha256(b"diloco/ledger/v2\0")
     h.update(closed_slots.to_bytes(8, "big"))
     h.update(chain)
+    h.update(finalized_tokens.to_bytes(16, "big"))
+    h.update(finalized_placement)
     for d in slot_digests:
         h.update(d)
     return h.digest()

@@ -154,7 +154,7 @@ class LedgerView:
         """Equal to ``Ledger.ledger_digest()`` of the state this view was made of."""
         by_slot = self._ids_by_slot()
         live = (dg.slot_digest(s, by_slot.get(s, ())) for s in range(self.base_slot + 1, self.slot + 2))
-        return dg.ledger_digest(self.slot, self.chain, live)
+        return dg.ledger_digest(self.slot, self.chain, self.final.tokens, self.final.placement_bytes(), live)
 
 
 def mergeable(theirs: LedgerView, ours: LedgerView) -> list[Placed]:

@@ -389,9 +389,10 @@ class Ledger:
         self._theta, self._v = self.canonical_state()
 
     def ledger_digest(self) -> bytes:
-        """SHA-256 of (closed-slot count, ids applied per slot for every slot up to the open one)."""
+        """SHA-256 of (closed-slot count, chain, finalized totals, ids applied per slot for every slot up to the
+        open one)."""
         live = (dg.slot_digest(s, self._slots[s].ids()) for s in range(self._base + 1, self._n + 2))
-        return dg.ledger_digest(self._n, self._chain, live)
+        return dg.ledger_digest(self._n, self._chain, self._final.tokens, self._final.placement_bytes(), live)
 
     def bottom_digest(self) -> bytes:
         """Tree digest of the window bottom's θ and v (float32) (:mod:`protocol.ledger.digest`), from its rows

@@ -38,7 +38,7 @@ def test_the_worked_example_follows_from_the_written_definitions() -> None:
     doc = example()
     genesis = H(b"diloco/ledger-genesis/v1")
     slot1 = H(b"diloco/ledger-slot/v1\0" + struct.pack(">QI", 1, 0))
-    ledger = H(b"diloco/ledger/v1\0" + struct.pack(">Q", 0) + genesis + slot1)
+    ledger = H(b"diloco/ledger/v2\0" + struct.pack(">Q", 0) + genesis + bytes(16 + 40) + slot1)
     theta, momentum = np.array([1.0, -2.0, 0.5], dtype="<f4"), np.zeros(3, dtype="<f4")
     bottom = H(b"diloco/bottom/v2\0" + tree_entry("momentum/w", momentum) + tree_entry("theta/w", theta))
     state = H(b"diloco/ledger-state/v2\0" + bottom + ledger)

@@ -95,6 +95,10 @@ def test_a_meta_that_is_not_the_signed_state_is_refused() -> None:
         (meta, led.slot + 1, led.ledger_digest(), led.params_digest()),
         (meta, led.slot, bytes(32), led.params_digest()),
         (dataclasses.replace(meta, entries=meta.entries[1:]), led.slot, led.ledger_digest(), led.params_digest()),
+        # finalized totals raised: they are inside the ledger digest, so no longer a donor's word alone
+        (dataclasses.replace(meta, applied_tokens=meta.applied_tokens + 2**40), led.slot, led.ledger_digest(),
+         led.params_digest()),
+        (dataclasses.replace(meta, applied_sum=meta.applied_sum + 1), led.slot, led.ledger_digest(), led.params_digest()),
     ]
     for case in cases:
         with pytest.raises(RemoteProtocolError) as err:

@@ -53,7 +53,7 @@ def test_the_worked_example_follows_from_the_written_definitions() -> None:
         at += len(raw)
     assert pieces == expected and len(pieces) == 6
     genesis = H(b"diloco/ledger-genesis/v1")
-    ledger = H(b"diloco/ledger/v1\0" + struct.pack(">Q", 0) + genesis + H(b"diloco/ledger-slot/v1\0"
+    ledger = H(b"diloco/ledger/v2\0" + struct.pack(">Q", 0) + genesis + bytes(16 + 40) + H(b"diloco/ledger-slot/v1\0"
                                                                             + struct.pack(">QI", 1, 0)))
     state = H(b"diloco/ledger-state/v2\0" + tree.digest() + ledger)
     assert digests == {"bottom digest": tree.hexdigest(), "state digest": state.hex()}
