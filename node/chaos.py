@@ -15,7 +15,9 @@
 - `Poison(KIND)` (`--misbehave poison:KIND`): the node publishes, every round, a hostile update *instead
   of* its own: `negate` (−10⁴ × its Δ), `scale` (+10⁴ × its Δ), `random` (a random direction with 10⁴ ×
   its Δ's norm per tensor), each claiming the most work the run allows (a full round of full batches);
-  `tokens`: −10⁴ × its Δ claiming 2⁴⁰ tokens (refused as `bad_claim`). Its own next round starts from its
+  `tokens`: −10⁴ × its Δ claiming 2⁴⁰ tokens (refused as `bad_claim`); `collude`: a random direction of
+  norm 10⁴ per tensor drawn from a seed and the target slot alone, so that every node of this kind
+  publishing into a slot publishes the same payload (colluding origins). Its own next round starts from its
   honest Δ (so it keeps producing honest-looking pseudo-gradients to corrupt). The honest nodes' defence
   is `protocol.ledger.bound`; `python -m testnet.bench hostile` measures it.
 - `Tarpit` (`--misbehave tarpit`): the node trains and publishes honestly, but serves every blob one byte
@@ -170,9 +172,10 @@ class Poison:
     """`--misbehave poison:KIND` (see the module docstring): `apply` turns the round's encoded update into the
     hostile one the node publishes instead."""
 
-    KINDS = ("negate", "scale", "random", "tokens")
+    KINDS = ("negate", "scale", "random", "tokens", "collude")
     FACTOR = 1e4
     TOKENS = 2**40
+    COLLUDE_SEED = 45  # what colluders agree on beforehand
 
     def __init__(self, kind: str, shapes: Shapes, tokens_per_step: int, max_steps: int, seed: int = 0) -> None:
         if kind not in self.KINDS:
@@ -181,12 +184,16 @@ class Poison:
         self.tokens_per_step, self.max_steps = tokens_per_step, max_steps
         self._rng = np.random.default_rng(seed)
 
-    def apply(self, payload: bytes, codec: str) -> tuple[bytes, str, int, int]:
-        """(payload, codec, tokens, inner_steps) to publish for the honest encoded `payload`."""
+    def apply(self, payload: bytes, codec: str, target_slot: int) -> tuple[bytes, str, int, int]:
+        """(payload, codec, tokens, inner_steps) to publish into `target_slot` for the honest encoded `payload`."""
         honest = decode_tensors(payload, codec, self.shapes)
         hostile = {}
+        colluding = np.random.default_rng([self.COLLUDE_SEED, target_slot])
         for name, x in honest.items():
-            if self.kind == "random":
+            if self.kind == "collude":  # a function of the slot alone: every colluder publishes these bits
+                r = colluding.standard_normal(x.shape).astype(np.float32)
+                hostile[name] = (r * np.float32(self.FACTOR / max(float(np.linalg.norm(r)), 1e-30))).astype(np.float32)
+            elif self.kind == "random":
                 r = self._rng.standard_normal(x.shape).astype(np.float32)
                 scale = self.FACTOR * float(np.linalg.norm(x)) / max(float(np.linalg.norm(r)), 1e-30)
                 hostile[name] = (r * np.float32(scale)).astype(np.float32)

@@ -210,9 +210,10 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "the same slot), tarpit (serve blobs one byte per 20 s), forge-state (serve a "
                             "state claiming 2^40 more tokens with garbage parameters, and ask every peer to "
                             "compare with it), "
-                            "poison:negate|scale|random|tokens (publish a ×10⁴ negated, "
+                            "poison:negate|scale|random|tokens|collude (publish a ×10⁴ negated, "
                             "scaled or random-direction update instead of its own, claiming the most tokens "
-                            "the run allows; tokens: claiming 2^40). Honest peers must refuse or bound them")
+                            "the run allows; tokens: claiming 2^40; collude: a random direction that every "
+                            "colluder publishing into a slot shares). Honest peers must refuse or bound them")
     chaos.add_argument("--allow-chaos", action="store_true",
                        help='enable POST /chaos {"block_peers": [ids], "seconds": T} (off by default)')
     return p

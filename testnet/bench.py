@@ -236,10 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slow", action="append", default=[], metavar="NODE:FACTOR",
                    help="goodput: also slow NODE down FACTOR times, in every run (repeatable; as diloco-testnet "
                         "--slow)")
-    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens", "flood", "forge"),
+    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens", "collude", "flood", "forge"),
                    default=None,
-                   help="hostile: the attacks to run (default: the four poison kinds; flood: 6 more updates "
-                        "per round for the same slot; forge: serve a forged heavier state with garbage parameters)")
+                   help="hostile: the attacks to run (default: the four poison kinds; collude: two nodes "
+                        "publishing one payload; flood: 6 more updates per round for the same slot; forge: serve "
+                        "a forged heavier state with garbage parameters)")
     p.add_argument("--unbounded-attack", action="store_true",
                    help="hostile: also run the negate attack against nodes without the bound")
     p.add_argument("--unvetted-forge", action="store_true",

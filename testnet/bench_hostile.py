@@ -9,6 +9,10 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   node publishing, every round, ``negate`` (−10⁴ × its Δ), ``scale`` (+10⁴ ×), ``random`` (a random
   direction with 10⁴ × the norm), each claiming the most tokens the run allows, or ``tokens`` (−10⁴ ×,
   claiming 2⁴⁰ tokens: refused as ``bad_claim``);
+* ``collude`` (``--kinds collude``, not in the default set): the honest nodes plus *two* nodes that publish,
+  every round, one payload between them (``--misbehave poison:collude``: a random direction of norm 10⁴
+  per tensor drawn from the target slot alone), each claiming a full round: bit-identical deltas from
+  two origins count once;
 * ``flood`` (``--kinds flood``, not in the default set): the honest nodes plus one that trains honestly and
   publishes, every round, 6 more validly signed updates for the same slot (``--misbehave flood``: random
   directions with its update's norm): the per-origin limit (``max_updates_per_origin``) leaves it out of
@@ -52,7 +56,11 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
     runs = [("honest only", Options(nodes=honest, **common)),
             ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
     modes = {"flood": "flood", "forge": "forge-state"}
-    for kind in a.kinds or list(Poison.KINDS):
+    for kind in a.kinds or [k for k in Poison.KINDS if k != "collude"]:
+        if kind == "collude":  # two colluders beside the same honest nodes
+            runs.append((f"2 colluding of {a.nodes + 1}: one payload", Options(
+                nodes=a.nodes + 1, misbehave=(f"{honest}:poison:collude", f"{honest + 1}:poison:collude"), **common)))
+            continue
         mode = modes.get(kind, f"poison:{kind}")
         runs.append((f"1 hostile of {a.nodes}: {kind}", Options(nodes=a.nodes, misbehave=(f"{honest}:{mode}",), **common)))
     if a.unbounded_attack:

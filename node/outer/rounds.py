@@ -421,7 +421,8 @@ class Rounds:
     async def _publish_poisoned(self, payload: bytes, norms: dict[str, float], base_slot: int, publish_slot: int):
         """`--misbehave poison:KIND`: publish the hostile version of this round's update and add it here
         like any peer's (a refusal is logged); the next round starts from the honest Δ."""
-        data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, self.feedback.codec)
+        data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, self.feedback.codec,
+                                                                   publish_slot + 1)
         signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
                                                 inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
         outcome = await self._add_own(signed, Codec(codec))
