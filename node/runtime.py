@@ -404,6 +404,7 @@ class NodeRuntime:
             await self._forger.act(self.replica)
         if upkeep.evaluation_due():
             await upkeep.evaluate()
+        await upkeep.tend_disk()
         if upkeep.checkpoint_due():
             await upkeep.checkpoint(background=self._nursery)  # written while the next round trains
         upkeep.collect_garbage()

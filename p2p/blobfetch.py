@@ -46,7 +46,7 @@ import trio
 from p2p.blobserve import BLOB_PREFIX, PEER_HEADER
 from p2p.blobstore import BlobStore, BlobWriter
 from p2p.counters import Counters, Kind
-from p2p.errors import BlobGone, TransportError
+from p2p.errors import BlobGone, LocalStoreError, TransportError
 from protocol.errors import Reason, RemoteProtocolError
 
 log = logging.getLogger("p2p.blobs")
@@ -264,7 +264,7 @@ class BlobClient:
             finally:
                 writer.close()
         except OSError as exc:  # the local part file (disk full, store directory gone)
-            raise TransportError(f"blob {name[:12]}: local store: {exc}", peer=peer) from exc
+            raise LocalStoreError(f"blob {name[:12]}: local store: {exc}", peer=peer) from exc
         self.counters.blob_downloads += 1
         self.counters.traffic(peer, Kind.BLOB).recv_frames += 1
         if self.counters.on_fetch is not None:
@@ -419,3 +419,24 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     for exc in group.exceptions:
         out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return out
+
+
+class LocalBackoff:
+    """How long fetches wait after the local store failed to write a blob: `FIRST` seconds, doubling with each
+    failure in a row up to `LAST`; a stored blob ends the wait. (A full disk otherwise made every holder of
+    every pending blob fail at once, again at every heartbeat: 1,606 failed fetches in one measured minute.)"""
+
+    FIRST, LAST = 1.0, 30.0
+
+    def __init__(self) -> None:
+        self.until = -math.inf
+        self._wait = 0.0
+
+    def failed(self, now: float) -> float:
+        """A local write failed at `now`: the wait from now (also set as `until`)."""
+        self._wait = self.FIRST if self._wait == 0.0 else min(self.LAST, 2.0 * self._wait)
+        self.until = now + self._wait
+        return self._wait
+
+    def succeeded(self) -> None:
+        self._wait, self.until = 0.0, -math.inf

@@ -13,13 +13,22 @@ Contract:
   once (`has` is False, it is no longer served) and deletes the file when the last keeper `release`s it,
   unless the blob was stored again meanwhile. So a path obtained while a blob is kept stays readable
   until the release, whoever removes the blob (the blob clean-up, a failed download).
+- A full disk does not stop the store (`spill_dir`, `spill_limit`): when a write into the directory fails
+  (ENOSPC, a quota, a file-size limit: any `OSError`), that blob and every later one go to the spill
+  directory (by default in `/dev/shm`: memory) while they fit in `spill_limit` bytes; `disk_error` says
+  why. `path` gives the spilled file, so readers, mappings and the HTTP plane do not see the difference.
+  `unspill` moves spilled blobs back into the directory once it can be written again (moved blobs keep
+  their open files and mappings: the spilled file is unlinked, not overwritten). A blob that fits
+  neither raises the `OSError`, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -43,14 +52,29 @@ def check_hex(h: str) -> str:
     return h
 
 
-class BlobStore:
-    """A directory of verified blobs named by their SHA-256."""
+def default_spill_dir(directory: str | os.PathLike[str]) -> Path:
+    """Where a store in `directory` spills blobs when its disk is full: a directory of its own in `/dev/shm`
+    (memory) when that is writable, else in the system's temporary directory; the same for the same store, so a
+    node restarted on a still-full disk finds the blobs it spilled."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    tag = hashlib.sha256(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+    return base / f"diloco-spill-{tag}"
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+
+class BlobStore:
+    """A directory of verified blobs named by their SHA-256 (and a spill directory for a full disk)."""
+
+    def __init__(self, directory: str | os.PathLike[str], spill_dir: str | os.PathLike[str] | None = None,
+                 spill_limit: int = 0) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.spill_dir = Path(spill_dir) if spill_dir is not None and spill_limit > 0 else None
+        self.spill_limit = spill_limit if self.spill_dir is not None else 0
+        self.disk_error: str | None = None  # the last failed write into `directory`, until `unspill` empties the spill
         self._lock = threading.Lock()  # guards the fields below and the renames and deletions of blob files
         self._sizes: dict[str, int] = {}
+        self._spilled: set[str] = set()  # blobs whose file is in the spill directory
         self._keepers: Counter[str] = Counter()  # blob → how many `keep` it (stored or not)
         self._doomed: set[str] = set()  # removed while kept: hidden, deleted at the last release
         for entry in self.directory.iterdir():
@@ -58,6 +82,36 @@ class BlobStore:
                 self._sizes[entry.name] = entry.stat().st_size
             elif entry.name.endswith(".part"):
                 entry.unlink()  # left by a crash mid-download; never trusted
+        if self.spill_dir is not None and self.spill_dir.is_dir():
+            for entry in self.spill_dir.iterdir():  # spilled by this store before a restart
+                if _HEX64.fullmatch(entry.name) and entry.name not in self._sizes:
+                    self._sizes[entry.name] = entry.stat().st_size
+                    self._spilled.add(entry.name)
+                elif entry.name.endswith(".part") or _HEX64.fullmatch(entry.name):
+                    entry.unlink()
+            if self._spilled:
+                self.disk_error = "blobs left in the spill directory by an earlier run"
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of the blobs held in the spill directory."""
+        with self._lock:
+            return sum(self._sizes[h] for h in self._spilled)
+
+    def _location(self, h: str) -> Path:
+        return self.spill_dir if h in self._spilled else self.directory  # type: ignore[return-value]
+
+    def directory_for(self, size: int) -> Path:
+        """Where a new blob (or another file of the node's, e.g. a downloaded state) of `size` bytes is written:
+        the directory, or the spill one while the disk is full and the spill has room."""
+        return self.spill_dir if self.disk_error is not None and self._spill_room(size) else self.directory
+
+    def _spill_room(self, size: int) -> bool:
+        return self.spill_dir is not None and self.spilled_bytes + size <= self.spill_limit
+
+    def note_disk_error(self, exc: OSError) -> None:
+        """A write into the directory failed: later blobs go to the spill directory while it has room."""
+        self.disk_error = f"{type(exc).__name__}: {exc}"
 
     def has(self, h: str) -> bool:
         with self._lock:
@@ -74,7 +128,7 @@ class BlobStore:
         with self._lock:
             if h not in self._sizes and h not in self._doomed:
                 raise KeyError(h)
-        return self.directory / h
+            return self._location(h) / h
 
     def names(self) -> list[str]:
         with self._lock:
@@ -89,13 +143,23 @@ class BlobStore:
         h = blob_hex(data)
         if self.has(h):
             return h
+        first = self.directory_for(len(data))
+        try:
+            self._put_once(h, data)
+        except OSError as exc:  # the disk is full: spill it, when it fits (and was not tried already)
+            if first != self.directory or not self._spill_room(len(data)):
+                raise
+            self.note_disk_error(exc)
+            self._put_once(h, data)
+        return h
+
+    def _put_once(self, h: str, data: bytes | memoryview) -> None:
         writer = self.open_writer(h, len(data))
         try:
             writer.write(data)
             writer.commit()
         finally:
             writer.close()
-        return h
 
     def put_file(self, source: str | os.PathLike[str], chunk_bytes: int = 4 << 20) -> str:
         """Copy a file into the store (hashing the bytes as they are copied, so the name always
@@ -125,20 +189,62 @@ class BlobStore:
 
     def _publish(self, h: str, part: Path, size: int) -> None:
         with self._lock:
-            os.replace(part, self.directory / h)
+            os.replace(part, part.parent / h)
             self._sizes[h] = size
             self._doomed.discard(h)
+            if part.parent == self.spill_dir and part.parent != self.directory:
+                self._spilled.add(h)
+            else:
+                self._spilled.discard(h)
+
+    def unspill(self) -> int:
+        """Move spilled blobs back into the directory (blocking: a worker thread); stops at the first write
+        that fails (the disk is still full). Returns how many moved; `disk_error` is cleared once none is left."""
+        moved = 0
+        for h in sorted(self._spilled):
+            with self._lock:
+                if h not in self._spilled or self._keepers[h]:
+                    continue  # removed meanwhile, or a reader holds its spill path
+            part = self.directory / f"{h}.unspill.part"
+            try:
+                with open(self.spill_dir / h, "rb") as src, open(part, "wb") as dst:  # type: ignore[operator]
+                    while chunk := src.read(4 << 20):
+                        dst.write(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+            except OSError as exc:
+                part.unlink(missing_ok=True)
+                self.note_disk_error(exc)
+                return moved
+            with self._lock:
+                if h in self._spilled:
+                    os.replace(part, self.directory / h)
+                    self._spilled.discard(h)
+                    (self.spill_dir / h).unlink(missing_ok=True)  # type: ignore[operator]
+                    moved += 1
+                else:
+                    part.unlink(missing_ok=True)
+        with self._lock:
+            if not self._spilled:
+                self.disk_error = None
+                if self.spill_dir is not None:
+                    with contextlib.suppress(OSError):  # when empty (a state download's files keep it)
+                        self.spill_dir.rmdir()
+        return moved
 
     def remove(self, h: str) -> None:
         """Forget and delete a blob (e.g. an old snapshot). Absent blobs are ignored; a kept one is hidden
         now and deleted at its last release (module docstring)."""
         with self._lock:
-            if self._sizes.pop(h, None) is None:
+            if h not in self._sizes:
                 return
+            location = self._location(h)
+            del self._sizes[h]
             if self._keepers[h]:
                 self._doomed.add(h)
             else:
-                (self.directory / h).unlink(missing_ok=True)
+                (location / h).unlink(missing_ok=True)
+                self._spilled.discard(h)
 
     def keep(self, names: Iterable[str]) -> None:
         """Keep the files of blobs `names` until `release` (module docstring); names not stored yet may be
@@ -155,7 +261,8 @@ class BlobStore:
                     del self._keepers[h]
                     if h in self._doomed:
                         self._doomed.discard(h)
-                        (self.directory / h).unlink(missing_ok=True)
+                        (self._location(h) / h).unlink(missing_ok=True)
+                        self._spilled.discard(h)
 
     @contextmanager
     def kept(self, names: Iterable[str]) -> Iterator[None]:
@@ -182,9 +289,20 @@ class BlobWriter:
         self.written = 0
         self._hash = hashlib.sha256()
         # a unique part file per writer: two concurrent writers of one blob never share a file
-        self._part = store.directory / f"{h}.{id(self):x}.part"
-        self._file = open(self._part, "wb")  # noqa: SIM115 - closed in close()
+        directory = store.directory_for(size)
+        if directory != store.directory:
+            directory.mkdir(parents=True, exist_ok=True)
+        self._part = directory / f"{h}.{id(self):x}.part"
         self._done = False
+        try:
+            self._file = open(self._part, "wb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            self._disk_error(exc)
+            raise
+
+    def _disk_error(self, exc: OSError) -> None:
+        if self._part.parent == self._store.directory:
+            self._store.note_disk_error(exc)
 
     def write(self, chunk: bytes | memoryview) -> None:
         if self.written + len(chunk) > self.size:
@@ -192,7 +310,11 @@ class BlobWriter:
                 Reason.OVERSIZED, f"blob {self.name[:12]} longer than the announced {self.size} bytes"
             )
         self._hash.update(chunk)
-        self._file.write(chunk)
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            self._disk_error(exc)
+            raise
         self.written += len(chunk)
 
     def commit(self) -> None:
@@ -202,13 +324,20 @@ class BlobWriter:
             )
         if self._hash.hexdigest() != self.name:
             raise RemoteProtocolError(Reason.HASH_MISMATCH, f"blob {self.name[:12]}: sha256 differs")
-        self._file.close()
+        try:
+            self._file.close()  # a full disk may only show here, when the buffer is written
+        except OSError as exc:
+            self._disk_error(exc)
+            raise
         self._store._publish(self.name, self._part, self.size)
         self._done = True
 
     def close(self) -> None:
         """Release the file; an uncommitted part file is deleted."""
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the write already failed and was reported; the part file goes below
+                pass
         if not self._done:
             self._part.unlink(missing_ok=True)

@@ -39,6 +39,9 @@ class HostConfig:
     blob_min_rate: float = 128 << 10  # bytes/s: a holder sending slower is dropped as `too_slow` (0: no floor)
     blob_grace_s: float = 10.0  # ... counted from this long after the request
     max_parallel_fetches: int = 4
+    # a full disk under data_dir: blobs go to a spill directory in memory (`p2p.blobstore.default_spill_dir`)
+    # up to this many bytes (0: none), and fetches wait from 1 s doubling to 30 s after a local write error
+    blob_spill_bytes: int = 256 << 20
     blob_read_bytes: int = 1 << 20  # HTTP client read size
     blob_chunk_bytes: int = 4 << 20  # HTTP server body chunk
     goodbye_flush_s: float = 1.0  # how long close() waits for the goodbye to be written

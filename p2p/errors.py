@@ -16,6 +16,10 @@ class TransportError(Exception):
         super().__init__(f"{peer[:16]}: {message}" if peer else message)
 
 
+class LocalStoreError(TransportError):
+    """A fetched blob could not be written here (a full disk): the holder did nothing wrong."""
+
+
 class BlobGone(TransportError):
     """A holder answered 404 for a blob: it does not hold it (any more: its clean-up removed it). Asking it
     again will not help, unlike a holder that could not be reached."""

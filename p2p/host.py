@@ -30,14 +30,14 @@ from pathlib import Path
 import trio
 
 from p2p.advertise import choose_advertise_host
-from p2p.blobfetch import BlobClient
+from p2p.blobfetch import BlobClient, LocalBackoff
 from p2p.blobserve import BlobService
-from p2p.blobstore import BlobStore
+from p2p.blobstore import BlobStore, default_spill_dir
 from p2p.config import HostConfig
 from p2p.connection import Connection, handshaking_from
 from p2p.counters import Counters
 from p2p.dials import DialFailures
-from p2p.errors import AddressError, BlobGone, TransportError
+from p2p.errors import AddressError, BlobGone, LocalStoreError, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.transport import dial, format_addr, listener_addr, open_listener
 from protocol import signing
@@ -84,7 +84,9 @@ class Host:
         self.identity = config.identity
         self.peer_id = config.identity.peer_id
         self.counters = Counters()
-        self.store = BlobStore(Path(config.data_dir) / "blobs")
+        blobs = Path(config.data_dir) / "blobs"
+        self.store = BlobStore(blobs, default_spill_dir(blobs), config.blob_spill_bytes)
+        self._local_backoff = LocalBackoff()
         self.http = HttpApp()
         self.blobs = BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes,
                                  known=lambda peer: peer in self.router.peers)
@@ -465,6 +467,7 @@ class Host:
     # ---- blobs ------------------------------------------------------------------------------------
 
     async def _fetch(self, action: Fetch) -> None:
+        await trio.sleep_until(self._local_backoff.until)  # the local store failed a write: wait, not the holders
         async with self._fetch_slots:
             stored = await self._fetch_from(action.peer, action.blob, action.size)
         pending = self.router.pending.get(action.blob)
@@ -484,6 +487,14 @@ class Host:
             self.counters.events[f"blob_fetch_failed:{exc.reason.value}"] += 1
             self._execute(self.router.fetch_failed(name, peer, exc.reason, exc.detail, self.now()))
             return False
+        except LocalStoreError as exc:  # not the holder's fault: the same holder is asked again after a wait
+            self.counters.blob_fetch_failures += 1
+            self.counters.events["blob_fetch_failed:local_store"] += 1
+            wait = self._local_backoff.failed(trio.current_time())
+            log.log(logging.WARNING if wait <= LocalBackoff.FIRST else logging.DEBUG,
+                    "blob %s not stored here (%s); fetches wait %.0f s", name[:12], exc, wait)
+            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now()))
+            return False
         except TransportError as exc:
             self.counters.blob_fetch_failures += 1
             self.counters.events["blob_fetch_failed:transport"] += 1
@@ -491,6 +502,7 @@ class Host:
             gone = isinstance(exc, BlobGone)  # not asked again for it
             self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now(), gone=gone))
             return False
+        self._local_backoff.succeeded()
         log.info("fetched blob %s (%d bytes) from %s", name[:12], size, peer)
         self._execute(self.router.blob_stored(name, self.now(), source=peer))
         return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import logging
 import math
 import mmap
 import os
@@ -32,6 +33,8 @@ from protocol.ledger import STATE_DTYPE, LedgerSnapshot, Payload, PayloadDeltas,
 
 __all__ = ["MappedBlob", "MappedBottom", "drop_pages", "map_blob", "payload_blob", "payloads_to_blobs", "remove_old_blobs",
            "return_freed_memory"]
+
+log = logging.getLogger(__name__)
 
 class BlobPut(Protocol):
     """What `payloads_to_blobs` needs of a blob store (`p2p.BlobStore`)."""
@@ -174,21 +177,39 @@ class MappedBottom:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.disk_error: str | None = None  # the last allocation that could not be a file (a full disk)
         for stale in self.directory.glob("bottom-*"):
             stale.unlink(missing_ok=True)
 
     def allocate(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A mapped file's array, its blocks reserved now: a full disk is an `OSError` here, never a SIGBUS
+        at the first write into a sparse page. On a full disk the array is an in-memory one instead (logged
+        once until a file fits again)."""
         nbytes = STATE_DTYPE.itemsize * math.prod(shape)
         if nbytes == 0:
             return np.empty(shape, dtype=STATE_DTYPE)
-        fd, path = tempfile.mkstemp(prefix="bottom-", dir=self.directory)
+        try:
+            fd, path = tempfile.mkstemp(prefix="bottom-", dir=self.directory)
+        except OSError as exc:
+            return self._in_memory(shape, exc)
         try:
             os.unlink(path)
-            os.ftruncate(fd, nbytes)  # sparse: disk blocks come with the first write
+            os.posix_fallocate(fd, 0, nbytes)
             mapped = mmap.mmap(fd, nbytes)  # shared, read-write
+        except OSError as exc:
+            return self._in_memory(shape, exc)
         finally:
             os.close(fd)
+        if self.disk_error is not None:
+            log.warning("the window bottom's arrays are on disk again")
+            self.disk_error = None
         return np.frombuffer(mapped, dtype=STATE_DTYPE).reshape(shape)
+
+    def _in_memory(self, shape: tuple[int, ...], exc: OSError) -> np.ndarray:
+        if self.disk_error is None:
+            log.error("the window bottom's arrays are kept in memory: %s", exc)
+        self.disk_error = f"{type(exc).__name__}: {exc}"
+        return np.empty(shape, dtype=STATE_DTYPE)
 
     def settle(self, arrays: Iterable[np.ndarray | memoryview]) -> None:
         for a in arrays:

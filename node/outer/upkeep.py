@@ -49,6 +49,7 @@ __all__ = ["BetweenRounds", "HeldBlobs", "held_out_pair", "vet_synced_state"]
 
 log = logging.getLogger("node.outer.upkeep")
 
+DISK_LOG_EVERY_S = 60.0  # a full disk under the blobs is logged as an error at most this often
 MAX_POSTPONED = 4  # an evaluation the budget postpones is taken anyway this many --eval-every rounds late
 
 
@@ -122,6 +123,7 @@ class BetweenRounds:
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
         self._write_lock = trio.Lock()
         self._writing = False  # a background checkpoint write is in flight
+        self._disk_logged_at = -math.inf  # the last error logged about a full disk under the blobs
 
     # ---- evaluation -------------------------------------------------------------------------------
     def evaluation_due(self) -> bool:
@@ -199,6 +201,9 @@ class BetweenRounds:
         """
         if self.checkpoints is None or (background is not None and self._writing):
             return
+        if self.host.store.spilled_bytes:  # its blobs are not all on disk: a restart could not load it
+            self.stats.disk_errors["checkpoint"] = "postponed: blobs are held in memory until the disk has room"
+            return
         with self.stats.timed("checkpoint"):
             snapshot, working, rows = await self.replica.checkpoint_state()
             proofs = dict(self.replica.proofs)
@@ -248,6 +253,28 @@ class BetweenRounds:
             background.start_soon(write, "checkpoint_write_bg")
 
     # ---- blob clean-up ----------------------------------------------------------------------------
+    async def tend_disk(self) -> None:
+        """After a round: blobs the store spilled to memory on a full disk (`p2p.blobstore`) are moved back once
+        the disk has room; until then `/status` says how many are held (`disk_errors["blobs"]`) and
+        checkpoints wait (a checkpoint refers to blobs on disk)."""
+        store = self.host.store
+        if store.disk_error is not None:
+            moved = await trio.to_thread.run_sync(store.unspill)  # with nothing spilled: the next write tries the disk
+            if moved:
+                log.info("%d spilled blobs moved back to disk", moved)
+        if store.disk_error is None:
+            if self.stats.disk_errors.pop("blobs", None) is not None:
+                log.warning("blobs are written to disk again")
+            return
+        self.stats.disk_errors["blobs"] = (f"{store.spilled_bytes / 1e6:.1f} MB of blobs held in memory "
+                                           f"({store.disk_error}); checkpoints wait for the disk")
+        now = trio.current_time()
+        loud = now - self._disk_logged_at >= DISK_LOG_EVERY_S  # a nearly full disk comes and goes: not every round
+        if loud:
+            self._disk_logged_at = now
+        log.log(logging.ERROR if loud else logging.DEBUG, "the disk under the blobs is full: %s",
+                self.stats.disk_errors["blobs"])
+
     def collect_garbage(self) -> None:
         """Delete payload blobs of updates more than two windows below the current slot, and those of updates
         the ledger left out (an origin's surplus in a slot: `Replica.take_dropped_blobs`) unless the newest

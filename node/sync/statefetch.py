@@ -388,7 +388,8 @@ async def download_state(host: Host, manifests: Sequence[StateManifest], config:
             log.warning("refused the state meta of %s: %s", manifest.origin, exc)
             failures.append(f"{manifest.origin}: {exc}")
             continue
-        download = BottomDownload(meta.bottom, directory)
+        spill = host.store.directory_for(meta.bottom.nbytes)  # a full disk: in the blob store's spill (memory)
+        download = BottomDownload(meta.bottom, directory if spill == host.store.directory else spill / "state")
         try:
             await trio.to_thread.run_sync(download.open)
             if download.resumed:
@@ -408,6 +409,9 @@ async def download_state(host: Host, manifests: Sequence[StateManifest], config:
                     failures.append(f"{manifest.origin}: {exc}")
                     continue
             await trio.to_thread.run_sync(download.remove)
+        except OSError as exc:  # the part file (a full disk): the next attempt goes to the spill, if it fits
+            host.store.note_disk_error(exc)
+            raise
         finally:
             download.release()
         log.info("loaded the state of slot %d: bottom of %d pieces (%d kept from an earlier attempt), %d payloads "

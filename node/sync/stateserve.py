@@ -86,10 +86,14 @@ class FrozenBottoms:
         name = index.digest().hex()
         path = self.directory / f"{name}.bottom"
         part = path.with_suffix(".tmp")
-        with open(part, "wb") as f:
-            for a in index.arrays:
-                data = np.ascontiguousarray(arrays[a.name], dtype=np.dtype(a.dtype))
-                f.write(memoryview(data).cast("B"))
+        try:
+            with open(part, "wb") as f:
+                for a in index.arrays:
+                    data = np.ascontiguousarray(arrays[a.name], dtype=np.dtype(a.dtype))
+                    f.write(memoryview(data).cast("B"))
+        except OSError:  # a full disk: nothing half-written stays
+            part.unlink(missing_ok=True)
+            raise
         os.replace(part, path)
         self._frozen[name] = _Frozen(path, index, tuple(index.pieces()))
 
@@ -131,6 +135,7 @@ class StateServer:
         self._metas: list[tuple[str, frozenset[str]]] = []  # (meta blob, payload blobs it lists), newest last
         self._payloads: dict[bytes, tuple[Codec, str, int]] = {}  # update id → its payload blob
         self._added: set[str] = set()  # payload blobs this server put into the store
+        self._disk_error: str | None = None  # the last state that could not be written (logged once)
 
     def serve(self, replica: Replica) -> None:
         """Serve `replica`'s state from now on (the next `GET /state` builds its manifest)."""
@@ -150,6 +155,12 @@ class StateServer:
         except LocalProtocolError as exc:  # a bug on this side: logged, the node goes on
             log.error("cannot serve this node's state: %s", exc)
             return Response.text(500, "cannot serve this node's state\n")
+        except OSError as exc:  # its bottom or meta cannot be written (a full disk): other donors serve
+            log.log(logging.WARNING if self._disk_error is None else logging.DEBUG,
+                    "cannot serve this node's state while its disk is full: %s", exc)
+            self._disk_error = str(exc)
+            return Response.text(503, "this node cannot serve its state now: its disk is full\n")
+        self._disk_error = None
         return Response(200, manifest, {"content-type": MANIFEST_TYPE})
 
     async def handle_piece(self, request: Request) -> Response:
