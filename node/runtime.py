@@ -38,7 +38,7 @@ from node.chaos import ChaosRoute, ForgeState, Tarpit
 from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
-from node.sync.join import NoPeerState, StateServer, sync_state
+from node.sync.join import NoPeerState, StateServer, bootstrap_peers, sync_state
 from node.logs import PEER
 from node.metrics import MetricsSink, metrics_record
 from node.sync.repair import pull_missing
@@ -273,7 +273,8 @@ class NodeRuntime:
                                       own=(replica.slot, own_digest), bottom=replica.bottom_store, timeout_s=timeout_s,
                                       retry_s=self.settings.heartbeat_s, waiting=waiting,
                                       vet=functools.partial(vet_synced_state, self.settings, self.loop, self.heldout,
-                                                            self.stats, replica, warm))
+                                                            self.stats, replica, warm),
+                                      bootstrap=functools.partial(bootstrap_peers, self.host))
         self._sync_scope = None
         if result is None:
             return None

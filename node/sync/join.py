@@ -9,7 +9,8 @@ this node has no state. The formats and checks are PROTOCOL.md's "State sync".
 Joining (`sync_state`). Ask every connected peer for its manifest (each one is verified like a gossiped
 message: schema, run id, signature, and its origin must be the peer asked), then `choose`: the freshest
 state confirmed by two peers (same slot, same ledger and params digests); else the freshest one, with a
-logged warning. Download it with `node.sync.statefetch.download_state`: the meta from one vouching donor (the
+logged warning; a state one of the user's own bootstrap peers (`--peers`) vouches for before any other
+(fresh keys cost nothing in an open run: two of them could confirm a forged fresher state). Download it with `node.sync.statefetch.download_state`: the meta from one vouching donor (the
 next if it fails or does not verify against its manifest), the bottom's pieces from *all* of them in
 parallel, each piece checked against the signed params digest's hash tree before it is written to disk
 (a donor that dies mid-way costs only its in-flight pieces; one that sends a bad piece is refused with
@@ -33,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -48,8 +49,8 @@ from protocol.ledger.proof import UpdateProof
 from protocol.messages import Signed, StateManifest
 from protocol.validation import Validator
 
-__all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "SyncResult", "choose", "fetch_manifest",
-           "fetch_manifests", "StateVet", "sync_state"]
+__all__ = ["Choice", "NoPeerState", "PeerSyncing", "StateServer", "StateVet", "SyncResult", "bootstrap_peers",
+           "choose", "fetch_manifest", "fetch_manifests", "sync_state"]
 
 log = logging.getLogger("node.sync.join")
 
@@ -75,15 +76,24 @@ class Choice:
         return len(self.confirmed_by) >= 2
 
 
-def choose(manifests: Sequence[StateManifest]) -> list[Choice]:
-    """Candidates, best first: confirmed states (two or more origins agree on slot and both digests)
-    before unconfirmed ones, then by slot (freshest first), then by number of confirmations."""
+def choose(manifests: Sequence[StateManifest], bootstrap: Collection[str] = ()) -> list[Choice]:
+    """Candidates, best first: states a `bootstrap` peer (one the user named) vouches for, then confirmed
+    states (two or more origins agree on slot and both digests) before unconfirmed ones, then by slot
+    (freshest first), then by number of confirmations. Keys are free in an open run: two fresh ones can
+    confirm a fresher forged state, but not make the user's own bootstrap peer sign it."""
     groups: dict[tuple[int, bytes, bytes], dict[str, StateManifest]] = defaultdict(dict)
     for m in manifests:
         groups[(m.slot, m.ledger_digest, m.params_digest)].setdefault(m.origin, m)
     choices = [Choice(tuple(ms[o] for o in sorted(ms))) for ms in groups.values()]
-    return sorted(choices, key=lambda c: (not c.confirmed, -c.manifest.slot, -len(c.confirmed_by),
-                                          c.manifest.ledger_digest))
+    return sorted(choices, key=lambda c: (not set(c.confirmed_by) & set(bootstrap), not c.confirmed,
+                                          -c.manifest.slot, -len(c.confirmed_by), c.manifest.ledger_digest))
+
+
+def bootstrap_peers(host: Host) -> set[str]:
+    """The connected peers at an address the user gave (`--peers`: the host's bootstrap list), by the gossip
+    address they advertise."""
+    given = set(host.config.bootstrap)
+    return {p.peer_id for p in host.peers() if p.gossip_addr in given}
 
 
 class NoPeerState(Exception):
@@ -164,7 +174,8 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                      own: tuple[int, bytes] | None, timeout_s: float | None, retry_s: float,
                      bottom: BottomStore | None = None,
                      waiting: Callable[[str | None], None] = lambda what: None,
-                     on_piece: PieceHook | None = None, vet: StateVet | None = None) -> SyncResult | None:
+                     on_piece: PieceHook | None = None, vet: StateVet | None = None,
+                     bootstrap: Callable[[], Collection[str]] = frozenset) -> SyncResult | None:
     """Join: the best peer state, loaded and verified, or None to keep `own` = (slot, ledger digest):
     no peer is fresher than ours, every connected peer asked three times in a row had no state either
     (all syncing, e.g. a whole run starting or restarting at once: they start together).
@@ -173,7 +184,9 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     Waits `retry_s` between asks; asks up to three times for a confirmed state before settling for an
     unconfirmed one. `waiting(what)` is told what it waits for (None once it stops waiting); `on_piece(peer,
     index)` of every verified bottom piece (`node.sync.statefetch`). `vet(choice, ledger)` may refuse a
-    downloaded state (module doc): its donors' states are then left out of the rest of this join."""
+    downloaded state (module doc): its donors' states are then left out of the rest of this join.
+    `bootstrap()` names the connected peers the user gave (`--peers`): a state one of them vouches for
+    comes first (`choose`)."""
     started = trio.current_time()
     deadline = math.inf if timeout_s is None else started + timeout_s
     unconfirmed_tries = empty_asks = 0
@@ -191,7 +204,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                     if empty_asks >= 3 and own is not None:
                         log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
                         return None
-                    choices = choose([m for m in manifests if m.origin not in refused])
+                    choices = choose([m for m in manifests if m.origin not in refused], bootstrap())
                     if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
                         best = choices[0]
                         if own is not None and (best.manifest.slot < own[0] or

@@ -87,6 +87,14 @@ def test_choose_falls_back_to_the_freshest_unconfirmed_state() -> None:
     assert choose([]) == []
 
 
+def test_choose_takes_a_state_a_bootstrap_peer_vouches_for_before_a_fresher_one_of_fresh_keys() -> None:
+    # two fresh keys (B, C) confirm a forged state five slots fresher; the user's bootstrap peer A serves its own
+    ms = [manifest(A, 9, b"x" * 32), manifest(B, 14, b"f" * 32), manifest(C, 14, b"f" * 32)]
+    assert choose(ms)[0].confirmed_by == (B, C)  # without knowing who the user trusts: the confirmed fresher one
+    ranked = choose(ms, bootstrap={A})
+    assert ranked[0].confirmed_by == (A,) and ranked[1].confirmed_by == (B, C)  # the forged one only if A's fails
+
+
 def test_choose_needs_equal_params_digests_too() -> None:
     ms = [manifest(A, 4, b"x" * 32, b"1" * 32), manifest(B, 4, b"x" * 32, b"2" * 32)]
     assert not choose(ms)[0].confirmed
