@@ -201,7 +201,9 @@ class BlobStore:
         """Move spilled blobs back into the directory (blocking: a worker thread); stops at the first write
         that fails (the disk is still full). Returns how many moved; `disk_error` is cleared once none is left."""
         moved = 0
-        for h in sorted(self._spilled):
+        with self._lock:
+            names = sorted(self._spilled)
+        for h in names:
             with self._lock:
                 if h not in self._spilled or self._keepers[h]:
                     continue  # removed meanwhile, or a reader holds its spill path
