@@ -6,6 +6,10 @@ registry of this node's own: no global metrics, so several nodes can live in one
 replica (slot, digests, outcomes) and the host (peers, bytes, refusals). Digests are the replica's
 cached values; the `/status` handler refreshes them first (in a worker thread). A stopping node also
 writes its last `/status` object to its checkpoint directory (`write_last_status`).
+
+Under a flood of requests both bodies come from a `CachedBody`: at most `FRESH_BUILDS` are built per
+`CACHE_S` (0.5 s), and the requests past that get the latest one, so polling many times a second costs a
+node no more than a few builds. Both routes are limited per client address and across all clients.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import os
 import resource
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -34,11 +39,14 @@ from protocol.errors import Reason
 from protocol.runconfig import config_hash
 from node.outer.replica import Replica
 
-__all__ = ["LAST_STATUS", "PHASES", "NodeStats", "StatusRoutes", "status_fields", "write_last_status"]
+__all__ = ["LAST_STATUS", "PHASES", "CachedBody", "NodeStats", "StatusRoutes", "status_fields", "write_last_status"]
 
 log = logging.getLogger("node.status")
 
 STATUS_LIMIT = "50/second"  # per client address, for /status and /metrics (a poll a second is plenty)
+STATUS_TOTAL = "200/second"  # all clients together, each route
+CACHE_S = 0.5  # bodies are built at most FRESH_BUILDS times per CACHE_S; past that the latest is served
+FRESH_BUILDS = 8  # (a client polling ten times a second, or reading once after an event, still gets fresh ones)
 ROUND_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 FETCH_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
 try:
@@ -170,6 +178,9 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "resumed_round": stats.resumed_round,
         "disk_errors": dict(sorted(stats.disk_errors.items())),
         "http_throttled": dict(sorted(host.http.throttled.items())),
+        # connections: open now, and the host's events (connects, refused_connections, evicted_handshakes, ...)
+        "connections": host.open_connections,
+        "p2p_events": dict(sorted(host.counters.events.items())),
         "run_config_hash": config_hash(host.config.run_config),
         "run_config": host.config.run_config,
         "admission": {"closed": host.config.admission.closed, "founder": host.config.admission.founder},
@@ -257,8 +268,43 @@ def write_last_status(directory: Path, fields: dict[str, Any]) -> None:
         log.warning("last status not written to %s: %s", path, exc)
 
 
+class CachedBody:
+    """A response body that costs a build: `get()` builds a fresh one unless `fresh` were built in the last
+    `interval` seconds (trio's clock) or one is being built; then it returns the latest (never older than
+    `interval` while requests keep coming). Builds never overlap; before the first body exists, a request
+    waits for the build under way. Trio thread only."""
+
+    def __init__(self, build: Callable[[], Awaitable[bytes]], *, interval: float = CACHE_S,
+                 fresh: int = FRESH_BUILDS) -> None:
+        self._build = build
+        self.interval, self.fresh = interval, fresh
+        self.builds = 0
+        self._body: bytes | None = None
+        self._recent: deque[float] = deque()  # when the builds of the last `interval` s started
+        self._building: trio.Event | None = None
+
+    async def get(self) -> bytes:
+        now = trio.current_time()
+        while self._recent and self._recent[0] <= now - self.interval:
+            self._recent.popleft()
+        if self._body is not None and (self._building is not None or len(self._recent) >= self.fresh):
+            return self._body
+        if self._building is not None:  # the first body is being built: wait for it
+            await self._building.wait()
+            return await self.get()
+        self._building = building = trio.Event()
+        self._recent.append(now)
+        try:
+            self._body = await self._build()
+            self.builds += 1
+        finally:
+            self._building = None
+            building.set()
+        return self._body
+
+
 class StatusRoutes:
-    """Mounts `GET /status` and `GET /metrics` on the host's HTTP app."""
+    """Mounts `GET /status` and `GET /metrics` on the host's HTTP app (bodies from a `CachedBody` each)."""
 
     def __init__(self, stats: NodeStats, host: Host) -> None:
         self.stats, self.host = stats, host
@@ -270,15 +316,22 @@ class StatusRoutes:
         fetch = Histogram("diloco_p2p_blob_fetch_seconds", "wall time of a blob download that succeeded",
                           buckets=FETCH_BUCKETS, registry=self.registry)
         host.counters.on_fetch = fetch.observe
+        self.status_body = CachedBody(self._build_status)
+        self.metrics_body = CachedBody(self._build_metrics)
 
     def mount(self) -> None:
-        self.host.http.route("GET", "/status", self.status, per_client=STATUS_LIMIT)
-        self.host.http.route("GET", "/metrics", self.metrics, per_client=STATUS_LIMIT)
+        self.host.http.route("GET", "/status", self.status, per_client=STATUS_LIMIT, total=STATUS_TOTAL)
+        self.host.http.route("GET", "/metrics", self.metrics, per_client=STATUS_LIMIT, total=STATUS_TOTAL)
+
+    async def _build_status(self) -> bytes:
+        digests = await self.replica.digests() if self.replica is not None else None
+        return json.dumps(status_fields(self.stats, self.replica, self.host, digests)).encode()
+
+    async def _build_metrics(self) -> bytes:
+        return generate_latest(self.registry)
 
     async def status(self, request: Request) -> Response:
-        digests = await self.replica.digests() if self.replica is not None else None
-        body = json.dumps(status_fields(self.stats, self.replica, self.host, digests)).encode()
-        return Response(200, body, {"content-type": "application/json"})
+        return Response(200, await self.status_body.get(), {"content-type": "application/json"})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(200, generate_latest(self.registry), {"content-type": CONTENT_TYPE_LATEST})
+        return Response(200, await self.metrics_body.get(), {"content-type": CONTENT_TYPE_LATEST})

@@ -31,6 +31,8 @@ class HostConfig:
     max_frame_size: int = MAX_FRAME_SIZE
     max_connections: int = 64  # open TCP connections, handshaking ones included
     max_handshakes_per_host: int = 16  # inbound connections from one host not yet past the handshake
+    # every HTTP request, all routes and clients together (`p2p.http`; "": no limit), beside the routes' own
+    http_total: str = "1000/second"
     queue_frames: int = 1024  # per-connection send queue bounds
     queue_bytes: int = 8 << 20
     handshake_timeout_s: float = 5.0

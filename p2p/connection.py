@@ -11,12 +11,15 @@ Contract:
 - Every I/O failure surfaces as `TransportError`; a peer that breaks the framing raises
   `RemoteProtocolError` (OVERSIZED, TRUNCATED) from `next_frame`.
 - `close(reason)` cancels everything running inside `cancel_scope` (the owner's per-connection scope).
+- `opened_at` and `last_recv` are trio times (when it was accepted or dialled, when its last frame arrived):
+  `choose_eviction` picks the connection a newcomer may replace when every slot is taken.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections import Counter
 from collections.abc import Iterable
 
 import trio
@@ -65,6 +68,8 @@ class Connection:
         self._sending = False
         self._handshake_traffic = [0, 0]  # bytes sent, received while the peer was unknown
         self._handshake_frames = [0, 0]
+        self.opened_at = trio.current_time()
+        self.last_recv = self.opened_at
 
     # ---- sending ----------------------------------------------------------------------------------
 
@@ -104,6 +109,15 @@ class Connection:
         return True
 
     @property
+    def handshaking(self) -> bool:
+        """It dialled in and has not finished its handshake."""
+        return not self.outbound and self.peer == UNKNOWN_PEER
+
+    @property
+    def closing(self) -> bool:
+        return self.cancel_scope.cancel_called
+
+    @property
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
@@ -129,6 +143,15 @@ class Connection:
             self.counters.sent(self.peer, Kind.CONTROL, size, frames=len(batch))
             if not self._queue:
                 self._drained.set()
+
+    async def write_queued(self) -> None:
+        """Write what is queued, directly: the last frames of a connection whose writer never ran (a peer
+        refused for room gets a `peer_exchange` before the close). The caller bounds it with a deadline."""
+        while self._queue:
+            data = self._queue.popleft()
+            self._queued_bytes -= len(data)
+            await self._send_all(data)
+            self.counters.sent(self.peer, Kind.CONTROL, len(data))
 
     async def flush(self) -> None:
         """Wait until everything queued was written (used before a goodbye closes the connection)."""
@@ -165,6 +188,7 @@ class Connection:
                 raise TransportError(f"{self.remote} closed the connection", peer=self.peer)
 
     def _count_received(self, nbytes: int) -> None:
+        self.last_recv = trio.current_time()
         self.counters.received(self.peer, Kind.CONTROL, nbytes)
         if self.peer == UNKNOWN_PEER:
             self._handshake_traffic[1] += nbytes
@@ -190,3 +214,41 @@ def handshaking_from(conns: Iterable[Connection], remote: str) -> int:
     many idle sockets must not take every connection slot from joiners elsewhere)."""
     host = remote.rpartition(":")[0]
     return sum(1 for c in conns if not c.outbound and c.peer == UNKNOWN_PEER and c.remote.rpartition(":")[0] == host)
+
+
+def _host(remote: str) -> str:
+    return remote.rpartition(":")[0]
+
+
+def choose_eviction(
+    conns: Iterable[Connection], remote: str, now: float, silent_after: float
+) -> tuple[Connection, str] | None:
+    """Every connection slot is taken and a newcomer from `remote` ("host:port"; "" for our own dial) arrives:
+    the connection it may replace, and why (PROTOCOL.md section 7), or None (the newcomer is refused).
+
+    1. A connection still in its handshake that dialled in, from the host holding the most of them, if that
+       host holds at least two more than the newcomer's host (so one host's idle sockets give way to another
+       host's newcomer, never to its own, and two hosts do not trade sockets forever): that host's oldest.
+       Ties between hosts: the one whose oldest is oldest.
+    2. Else the established connection silent the longest (no frame), if silent more than `silent_after` s.
+
+    Connections already closing are not candidates; our own dials in their handshake never are; an
+    established connection that is not silent never gives way to a newcomer here (the gossip router's
+    places rules decide between peers, `protocol.gossip.places`)."""
+    live = [c for c in conns if not c.closing]
+    handshaking = [c for c in live if c.handshaking]
+    if handshaking:
+        counts = Counter(_host(c.remote) for c in handshaking)
+        oldest: dict[str, Connection] = {}
+        for c in sorted(handshaking, key=lambda c: (c.opened_at, c.id)):
+            oldest.setdefault(_host(c.remote), c)
+        host = min(counts, key=lambda h: (-counts[h], oldest[h].opened_at, oldest[h].id))
+        newcomer = counts[_host(remote)] if remote else 0
+        if counts[host] >= newcomer + 2:
+            return oldest[host], f"evicted: {counts[host]} handshakes from {host}"
+    established = [c for c in live if not c.handshaking and c.peer != UNKNOWN_PEER]
+    if established:
+        quiet = min(established, key=lambda c: (c.last_recv, c.id))
+        if now - quiet.last_recv > silent_after:
+            return quiet, f"evicted: silent for {now - quiet.last_recv:.1f} s"
+    return None

@@ -14,6 +14,9 @@ Contract:
   `abort()` (or cancelling the caller's scope) stops without a goodbye, like a crash.
 - The inbox is unbounded: the application must keep reading it.
 - Every refusal is counted in `counters.rejections` by `Reason` and logged on one line with the peer.
+- When every connection slot (`max_connections`) is taken, a newcomer replaces a connection that
+  `p2p.connection.choose_eviction` names (another host's idle handshake, or one silent for more than half the
+  heartbeat timeout), else it is refused (`refused_connections`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from p2p.blobfetch import BlobClient, LocalBackoff
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore, default_spill_dir
 from p2p.config import HostConfig
-from p2p.connection import Connection, handshaking_from
+from p2p.connection import Connection, choose_eviction, handshaking_from
 from p2p.counters import Counters
 from p2p.dials import DialFailures
 from p2p.errors import AddressError, BlobGone, LocalStoreError, TransportError
@@ -87,7 +90,7 @@ class Host:
         blobs = Path(config.data_dir) / "blobs"
         self.store = BlobStore(blobs, default_spill_dir(blobs), config.blob_spill_bytes)
         self._local_backoff = LocalBackoff()
-        self.http = HttpApp()
+        self.http = HttpApp(total=config.http_total or None)
         self.blobs = BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes,
                                  known=lambda peer: peer in self.router.peers)
         self.blobs.mount(self.http)
@@ -210,6 +213,11 @@ class Host:
     def set_progress(self, slot: int, round_: int, state: str) -> None:
         """What our heartbeats tell peers (slot, round, a short state word such as "training")."""
         self.router.set_progress(slot, round_, state)
+
+    @property
+    def open_connections(self) -> int:
+        """TCP connections open now (handshaking ones included), of at most `config.max_connections`."""
+        return len(self._conns)
 
     def connected_peers(self) -> list[str]:
         return sorted(self.router.peers)
@@ -342,7 +350,8 @@ class Host:
 
     def _send(self, action: Send, now: float) -> None:
         state = self.router.peers.get(action.peer)
-        conn = self._conns.get(state.conn) if state is not None else None
+        conn_id = action.conn if action.conn is not None else state.conn if state is not None else None
+        conn = self._conns.get(conn_id) if conn_id is not None else None
         if conn is None:
             return
         data = conn.encode(action.message)
@@ -371,9 +380,9 @@ class Host:
     async def _run_connection(
         self, stream: trio.SocketStream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
     ) -> None:
-        full = len(self._conns) >= self.config.max_connections or self._closing
-        if full or (not outbound and handshaking_from(self._conns.values(), remote) >= self.config.max_handshakes_per_host):
-            self.counters.events["refused_connections" if full else "refused_handshakes_per_host"] += 1
+        refusal = self._admit(outbound, remote)
+        if refusal is not None:
+            self.counters.events[refusal] += 1
             await stream.aclose()
             if dialed is not None:
                 self._execute(self.router.dial_failed(dialed, self.now()))
@@ -386,14 +395,15 @@ class Host:
         )
         self._conns[conn.id] = conn
         hello: Hello | None = None
+        refused = False
         try:
             with conn.cancel_scope:
                 hello = await self._handshake(conn, expected)
                 if hello is None:
                     return
-                self._execute(self.router.connected(hello, conn.id, outbound, self.now(), dialed))
+                self._execute(self.router.connected(hello, conn.id, outbound, self.now(), dialed, remote))
                 if conn.cancel_scope.cancel_called:
-                    hello = None  # refused (duplicate, banned, full): not a disconnect of a peer
+                    hello, refused = None, True  # refused (duplicate, banned, full): not a disconnect of a peer
                     return
                 self.counters.events["connects"] += 1
                 if dialed is not None:
@@ -405,11 +415,43 @@ class Host:
                     nursery.cancel_scope.cancel()
         finally:
             del self._conns[conn.id]
-            await conn.aclose()
+            try:
+                if refused:
+                    await self._last_words(conn)
+            finally:
+                await conn.aclose()
             if hello is not None:
                 self.counters.events["disconnects"] += 1
                 log.info("disconnected %s (conn %d): %s", hello.peer_id, conn.id, conn.close_reason or "closed")
                 self._execute(self.router.disconnected(hello.peer_id, conn.id, self.now()))
+
+    def _admit(self, outbound: bool, remote: str) -> str | None:
+        """Room for a new connection from `remote` (making it by eviction when every slot is taken), or the
+        counter of the refusal."""
+        if self._closing:
+            return "refused_connections"
+        conns = self._conns.values()
+        if not outbound and handshaking_from(conns, remote) >= self.config.max_handshakes_per_host:
+            return "refused_handshakes_per_host"
+        if sum(1 for c in conns if not c.closing) < self.config.max_connections:
+            return None
+        now = trio.current_time()
+        chosen = choose_eviction(conns, "" if outbound else remote, now, self.router.config.heartbeat_timeout_s / 2)
+        if chosen is None:
+            return "refused_connections"
+        victim, why = chosen
+        self.counters.events["evicted_handshakes" if victim.handshaking else "evicted_silent"] += 1
+        log.debug("%s (conn %d, %s) for a connection from %s", why, victim.id, victim.remote, remote)
+        victim.close(why)
+        return None
+
+    async def _last_words(self, conn: Connection) -> None:
+        """A peer refused for room was sent a `peer_exchange` (queued; its writer never ran): write it, bounded."""
+        with trio.move_on_after(self.config.goodbye_flush_s):
+            try:
+                await conn.write_queued()
+            except TransportError as exc:
+                log.debug("last frames to %s not written: %s", conn.remote, exc)
 
     async def _handshake(self, conn: Connection, expected: str | None) -> Hello | None:
         handshake = Handshake(

@@ -6,8 +6,11 @@ The node's HTTP plane: `GET /blobs/<hex>` (see `p2p.blobserve`) plus whatever th
 Contract:
 - Routes match on (method, path prefix); the longest matching prefix wins. Unknown paths get 404.
 - A route may be rate limited per client address (`per_client`, e.g. `"20/second"`, the `limits`
-  library's notation, a moving window): a client past it is answered 429 with `retry-after`, without
-  calling the handler, and counted in `HttpApp.throttled` (by route).
+  library's notation, a moving window) and across all clients (`total`), and the whole app across all
+  clients and routes (`HttpApp(total=...)`: many addresses together cannot take the node's time either). A
+  request past any of them is answered 429 with `retry-after`, without calling the handler, and counted in
+  `HttpApp.throttled` (by route). The per-client limit is checked first, so one flooding address does not
+  use up the totals of the others.
 - A request body (small control requests such as `POST /chaos`) is read whole into `Request.body`, up
   to `MAX_REQUEST_BODY` bytes; a larger one is answered 413 without calling the handler.
 - A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
@@ -81,32 +84,48 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+@dataclass(frozen=True)
+class _Route:
+    prefix: str
+    handler: Handler
+    per_client: RateLimitItem | None
+    total: RateLimitItem | None
+
+
 class HttpApp:
     """An ASGI app whose routes can be added while it runs."""
 
-    def __init__(self) -> None:
-        self._routes: dict[tuple[str, str], tuple[Handler, RateLimitItem | None]] = {}
+    def __init__(self, *, total: str | None = None) -> None:
+        """`total`: at most this many requests (e.g. "1000/second") across all routes and clients."""
+        self._routes: dict[tuple[str, str], _Route] = {}
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._total = parse_limit(total) if total else None
         self.throttled: Counter[str] = Counter()  # requests answered 429, by route prefix
 
-    def route(self, method: str, prefix: str, handler: Handler, *, per_client: str | None = None) -> None:
+    def route(self, method: str, prefix: str, handler: Handler, *, per_client: str | None = None,
+              total: str | None = None) -> None:
         """Serve requests `method` whose path starts with `prefix` by `handler` (replaces any), at most
-        `per_client` requests (e.g. "20/second") per client address."""
+        `per_client` requests (e.g. "20/second") per client address and `total` across all clients."""
         if not prefix.startswith("/"):
             raise LocalProtocolError(f"route prefix must start with '/': {prefix!r}")
-        self._routes[(method.upper(), prefix)] = (handler, parse_limit(per_client) if per_client else None)
+        self._routes[(method.upper(), prefix)] = _Route(
+            prefix, handler, parse_limit(per_client) if per_client else None, parse_limit(total) if total else None)
 
-    def _find(self, method: str, path: str) -> tuple[str, Handler, RateLimitItem | None] | None:
-        best: tuple[str, Handler, RateLimitItem | None] | None = None
-        for (m, prefix), (handler, limit) in self._routes.items():
-            if m == method and path.startswith(prefix) and (best is None or len(prefix) > len(best[0])):
-                best = (prefix, handler, limit)
+    def _find(self, method: str, path: str) -> _Route | None:
+        best: _Route | None = None
+        for (m, prefix), route in self._routes.items():
+            if m == method and path.startswith(prefix) and (best is None or len(prefix) > len(best.prefix)):
+                best = route
         return best
 
-    def _allowed(self, prefix: str, limit: RateLimitItem | None, client: tuple[str, int] | None) -> bool:
-        if limit is None or self._limiter.hit(limit, prefix, client[0] if client else "?"):
+    def _allowed(self, route: _Route, client: tuple[str, int] | None) -> bool:
+        """Per client first, then the route's total, then the app's (a hit counts against each it passes)."""
+        hit = self._limiter.hit
+        if ((route.per_client is None or hit(route.per_client, route.prefix, client[0] if client else "?"))
+                and (route.total is None or hit(route.total, route.prefix, "*"))
+                and (self._total is None or hit(self._total, "*", "*"))):
             return True
-        self.throttled[prefix] += 1
+        self.throttled[route.prefix] += 1
         return False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -130,10 +149,10 @@ class HttpApp:
         found = self._find(request.method, request.path)
         if found is None:
             response = Response.text(404, "not found\n")
-        elif not self._allowed(found[0], found[2], request.client):
-            response = Response(429, b"too many requests from this address\n", {"retry-after": "1"})
+        elif not self._allowed(found, request.client):
+            response = Response(429, b"too many requests\n", {"retry-after": "1"})
         else:
-            response = await found[1](request)
+            response = await found.handler(request)
         await _send_response(send, receive, response)
 
 

@@ -44,6 +44,7 @@ class Reason(enum.StrEnum):
     BAD_CLAIM = "bad_claim"  # an update claiming more tokens or inner steps than the run allows
     BAD_CHUNK = "bad_chunk"  # a state piece whose length or SHA-256 is not the verified index's
     TOO_SLOW = "too_slow"  # a blob holder sending under the minimum rate (a tarpit, or a link too slow for the run)
+    FLOOD = "flood"  # more requests than a per-peer budget allows (IWANT ids per heartbeat)
 
 
 class ProtocolError(Exception):

@@ -14,10 +14,13 @@ from protocol.messages import AnyMessage, Signed
 
 @dataclass(frozen=True)
 class Send:
-    """Queue `message` on the connection to `peer` (dropped, and counted, if that queue is full)."""
+    """Queue `message` on the connection to `peer` (dropped, and counted, if that queue is full). `conn`
+    names the connection when `peer` is not (or no longer) in the router's table: a peer refused for room
+    gets a last `peer_exchange` on it, which the I/O layer writes before the Disconnect that follows closes it."""
 
     peer: str
     message: AnyMessage
+    conn: int | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.BAD_CLAIM: 40.0,  # an update claiming more work than the run allows (signed: hostile, not broken)
     Reason.BAD_CHUNK: 40.0,  # counted by the state download (`node.sync.statefetch`), like a bad blob
     Reason.TOO_SLOW: 20.0,  # a blob fetch under the minimum rate: five in a row (less the rewards) ban a tarpit
+    Reason.FLOOD: 20.0,  # IWANT ids past the budget, at most once a heartbeat: a peer that keeps it up is banned
 }
 
 
@@ -86,6 +87,12 @@ class GossipConfig:
     target_peers: int = 8  # dial known peers while fewer are connected
     max_peers: int = 32  # refuse connections beyond this
     min_outbound: int = 2  # keep dialling until this many peers are ones we dialled; inbound ones leave them room
+    # Places in the peer table for peers that dial in (`protocol.gossip.places`): at most this many per global IP
+    # address and per global /24 (IPv4) or /48 (IPv6); a local address (loopback, private, link-local: one
+    # machine or one LAN, where honest nodes share an address and a cluster shares a /24) has only its own cap
+    max_peers_per_address: int = 4
+    max_peers_per_prefix: int = 8
+    max_peers_per_local_address: int = 16  # a local testnet of up to 17 nodes on 127.0.0.1 is never refused
     max_dials_per_heartbeat: int = 4
     dial_backoff_s: float = 0.5  # first retry delay; doubles per failure, +-50% jitter
     dial_backoff_max_s: float = 30.0
@@ -96,6 +103,10 @@ class GossipConfig:
     px_peers: int = 16  # peer infos per PeerExchange
     px_every: int = 5  # heartbeats between periodic peer exchanges
     max_ihave_ids: int = 500  # ids per IHAVE / IWANT message (the schema allows up to 5000)
+    # IWANT ids a peer may ask per heartbeat (`protocol.gossip.iwant`: a bucket of this size refilled every
+    # heartbeat_s); an id is answered once per peer per mcache_windows heartbeats; past the budget ids go
+    # unanswered and the peer is penalized (`flood`, once a heartbeat). We ask a peer for at most half of it.
+    iwant_budget: int = 1000
     # Anti-entropy (heals partitions): signed update headers stay answerable to IWANT for
     # `history_s` seconds (rounded up to heartbeats; at most `history_max` of them, ~200 bytes
     # each), and every held id a peer is not known to have is announced to it on (re)connect and,
@@ -126,6 +137,10 @@ class GossipConfig:
             raise LocalProtocolError("history_s, history_max and anti_entropy_every must be >= 0")
         if self.max_peers < self.target_peers:
             raise LocalProtocolError("max_peers must be >= target_peers")
+        if min(self.max_peers_per_address, self.max_peers_per_prefix, self.max_peers_per_local_address) < 1:
+            raise LocalProtocolError("max_peers_per_address, _per_prefix and _per_local_address must be >= 1")
+        if self.iwant_budget < 2:
+            raise LocalProtocolError("need iwant_budget >= 2")
 
     @property
     def history_heartbeats(self) -> int:

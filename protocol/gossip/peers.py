@@ -99,3 +99,4 @@ class PeerState:
     graft_after: float = 0.0  # they pruned us: no Graft to them before this
     sent_heartbeats: int = 0
     heartbeat: Heartbeat | None = None  # their latest
+    address: str = ""  # the IP (or host name) the connection is with: `protocol.gossip.places` caps and groups

@@ -2,7 +2,8 @@
 
 Events (methods; `now` is Unix time in seconds, never read from a clock here):
 
-    connected(hello, conn, outbound, now, dialed)   a handshake completed on connection `conn`
+    connected(hello, conn, outbound, now, dialed,   a handshake completed on connection `conn`, with
+              remote)                               `remote` ("host:port": caps and eviction groups)
     disconnected(peer, conn, now)                   that connection closed (stale conns ignored)
     dial_failed(address, now)                       a Dial action could not connect/handshake
     received(peer, conn, frame_body, now)           one frame from a connected peer
@@ -18,7 +19,10 @@ Rules (the whole state of the overlay lives here):
                                                           keeps the one dialled by the smaller peer id;
                                                           a newer connection from the same side (a
                                                           restart) or replacing a silent one wins;
-                                                          banned peers and peers over max_peers refused;
+                                                          banned peers refused; caps per address and
+                                                          prefix, and a full table's eviction:
+                                                          `protocol.gossip.places` (refused for room: a
+                                                          peer_exchange, then Disconnect);
                                                           silent > heartbeat_timeout_s: disconnected
     mesh                heartbeat, Graft, Prune           plan_mesh keeps d_lo..d_hi, never score < 0
     pending fetches     header whose blob is not here    one Fetch at a time per blob; next holder
@@ -33,6 +37,10 @@ Rules (the whole state of the overlay lives here):
     anti-entropy        connected, anti_entropy_every    all held ids the peer may lack are IHAVE'd to
                                                           it (<= max_ihave_ids per IHAVE, one IWANT
                                                           each); REPLAYED answers to it not penalized
+    iwant budgets       IWant / IHave, heartbeat          `protocol.gossip.iwant`: each id answered once
+                                                          per peer per mcache window, iwant_budget ids
+                                                          per heartbeat (past it: unanswered, `flood`);
+                                                          we ask a peer <= iwant_budget // 2 per beat
     scores / bans       every Reject                     below disconnect: Disconnect + ban; a refused
                                                           control frame also disconnects (PROTOCOL.md 9)
     dials               heartbeat, PX, dial_failed       `protocol.gossip.dialer`: while < target_peers
@@ -57,9 +65,11 @@ from protocol.gossip.backoff import DialSchedule
 from protocol.gossip.config import GossipConfig
 from protocol.gossip.dialer import Dialer
 from protocol.gossip.fetches import PendingBlobs
+from protocol.gossip.iwant import IWantBudget, WantPacer
 from protocol.gossip.mcache import MessageCache
 from protocol.gossip.mesh import gossip_targets, plan_mesh
 from protocol.gossip.peers import PeerState, PeerTable
+from protocol.gossip.places import address_of, place_for
 from protocol.gossip.score import PeerScores
 from protocol.messages import (
     Goodbye,
@@ -112,6 +122,8 @@ class Router:
         self.pending = PendingBlobs(config.max_fetches_per_holder)
         self.dialer = Dialer(config, self.bootstrap, self.dials)
         self._iwant_asked: dict[bytes, float] = {}
+        self.iwants = IWantBudget(config.iwant_budget, config.heartbeat_s, config.mcache_windows)
+        self.wants = WantPacer(config.iwant_budget // 2, 4 * config.max_ihave_ids)  # waiting: ~64 KiB a peer
         self._announcers: dict[bytes, list[str]] = {}  # IHAVEs for ids asked but not yet received
         self._waiting_manifests: dict[bytes, tuple[Signed, str]] = {}  # delivered, blobs not all here
         self._heartbeats = 0
@@ -119,8 +131,10 @@ class Router:
 
     # ---- connections ------------------------------------------------------------------------------
 
-    def connected(self, hello: Hello, conn: int, outbound: bool, now: float, dialed: str | None = None) -> list[Action]:
-        """A handshake completed. Returns actions; a Disconnect for `conn` means it was refused."""
+    def connected(self, hello: Hello, conn: int, outbound: bool, now: float, dialed: str | None = None,
+                  remote: str | None = None) -> list[Action]:
+        """A handshake completed on `conn`, whose other end is `remote` ("host:port"; None: unknown, one group
+        of its own). Returns actions; a Disconnect for `conn` means it was refused."""
         peer = hello.peer_id
         info = PeerInfo(peer, hello.gossip_addr, hello.http_addr)
         if dialed is not None:
@@ -134,9 +148,19 @@ class Router:
                 return [Disconnect(peer, conn, "duplicate connection")]
             out.append(Disconnect(peer, old.conn, "replaced by a newer connection"))
             self._drop(peer)
-        elif len(self.peers) >= self.config.max_peers or (not outbound and self.dialer.inbound_full(self.peers)):
-            return [Disconnect(peer, conn, "too many peers")]
-        self.peers[peer] = PeerState(info, conn, outbound, now, now)
+        address = address_of(remote)
+        if old is None:
+            full = len(self.peers) >= self.config.max_peers or (not outbound and self.dialer.inbound_full(self.peers))
+            place = place_for(address, outbound, self.peers, self.config, self.scores.score, full=full)
+            if not place.accepted:  # PROTOCOL.md section 7: told where else to go, then closed
+                px = self.table.sample(self.config.px_peers, self.rng, {peer, self.local.peer_id})
+                px_message = PeerExchange(self.config.run_id, px)
+                return [Send(peer, px_message, conn=conn), Disconnect(peer, conn, place.refusal)]
+            if place.evict is not None:
+                evicted = self.peers[place.evict]
+                self._drop(place.evict)
+                out.append(Disconnect(place.evict, evicted.conn, f"evicted for a newcomer from {address or '?'}"))
+        self.peers[peer] = PeerState(info, conn, outbound, now, now, address=address)
         self.table.connected(info, now)
         self.dials.succeeded(peer)
         exclude = {peer, self.local.peer_id}
@@ -177,6 +201,7 @@ class Router:
         self.mesh.discard(peer)
         self.mcache.forget_peer(peer)
         self.pending.drop_peer(peer)  # a running fetch from it stays the blob's until it reports its end
+        self.wants.forget_peer(peer)
 
     # ---- frames -----------------------------------------------------------------------------------
 
@@ -323,9 +348,16 @@ class Router:
     def _on_ihave(self, peer: str, message: IHave, now: float) -> list[Action]:
         if self.scores.graylisted(peer) or message.topic != self.config.topic:
             return []
+        return self._want(peer, message.ids, now)
+
+    def _want(self, peer: str, ids: Sequence[bytes], now: float) -> list[Action]:
+        """Ask `peer`, which holds `ids`, for those we lack: one IWANT of at most max_ihave_ids ids and within
+        our pace for it (`WantPacer`); wanted ids past the pace wait for the next heartbeat."""
         out: list[Action] = []
         wanted: list[bytes] = []
-        for message_id in message.ids:
+        later: list[bytes] = []
+        room = min(self.config.max_ihave_ids, self.wants.room(peer))
+        for message_id in ids:
             entry = self.mcache.get(message_id)
             if entry is not None:
                 entry.known_by.add(peer)
@@ -333,25 +365,35 @@ class Router:
                 out += self.pending.holder_of_message(message_id, peer, self.peers)
             elif self.known is not None and self.known(message_id):
                 continue  # the application holds it (`known`): not asked for
-            elif len(wanted) >= self.config.max_ihave_ids:
-                continue  # one IWANT per IHAVE; the rest waits for the next announcement
             elif self._iwant_asked.get(message_id, -1e18) < now - self.config.iwant_timeout_s:
+                if len(wanted) >= room:
+                    later.append(message_id)  # one IWANT per IHAVE, within our pace: the rest next heartbeat
+                    continue
                 self._iwant_asked[message_id] = now
                 self._announcers[message_id] = [peer]
                 wanted.append(message_id)
             elif peer not in self._announcers.setdefault(message_id, []):
                 self._announcers[message_id].append(peer)  # asked elsewhere: remember a second holder
         if wanted:
+            self.wants.asked(peer, len(wanted))
             out.append(Send(peer, IWant(self.config.run_id, tuple(wanted))))
+        if later:
+            self.wants.wait(peer, later)
         return out
 
     def _on_iwant(self, peer: str, message: IWant, now: float) -> list[Action]:
+        """Answer with the held messages asked for, each once per mcache window, within the peer's budget
+        (`IWantBudget`); a peer past its budget is penalized (`flood`) once a heartbeat."""
+        allowed, over = self.iwants.take(peer, len(message.ids), now)
         out: list[Action] = []
-        for message_id in message.ids[: self.config.max_ihave_ids]:
+        for message_id in message.ids[:allowed]:
             entry = self.mcache.get(message_id)
-            if entry is not None:
+            if entry is not None and not self.iwants.answered_recently(peer, message_id):
+                self.iwants.answered(peer, message_id)
                 entry.known_by.add(peer)
                 out.append(Send(peer, entry.message))
+        if over:
+            out += self._refuse(peer, Reason.FLOOD, f"iwant: {len(message.ids) - allowed} ids past the budget", now)
         return out
 
     def _prune_message(self, peer: str) -> Prune:
@@ -448,8 +490,12 @@ class Router:
             for peer in gossip_targets(self.peers, (), lambda p: not self.scores.graylisted(p), 1, self.rng):
                 out += self._announce_held(peer)
         self.mcache.shift()
+        self.iwants.shift()
         self._iwant_asked = {i: t for i, t in self._iwant_asked.items() if t >= now - cfg.iwant_timeout_s}
         self._announcers = {i: a for i, a in self._announcers.items() if i in self._iwant_asked}
+        for peer, ids in self.wants.due():  # wanted ids that had no room in the last heartbeat
+            if peer in self.peers and not self.scores.graylisted(peer):
+                out += self._want(peer, ids, now)
         out += self.pending.retry(now, self.validator.seen.ttl_s, self.peers)
         return out + self._plan_dials(now)
 

@@ -218,11 +218,12 @@ class SimNet:
         for action in actions:
             if isinstance(action, Send):
                 state = node.router.peers.get(action.peer)
-                assert state is not None, "router sent to a peer it does not hold"
-                ends = self._conns.get(state.conn)
+                assert state is not None or action.conn is not None, "router sent to a peer it does not hold"
+                conn = action.conn if action.conn is not None else state.conn
+                ends = self._conns.get(conn)
                 if ends is not None:
                     to = ends[1] if ends[0] == i else ends[0]
-                    self._frames.append((to, node.peer_id, state.conn, wire.encode(action.message)))
+                    self._frames.append((to, node.peer_id, conn, wire.encode(action.message)))
             elif isinstance(action, Deliver):
                 node.delivered.append(action)
             elif isinstance(action, Reject):
