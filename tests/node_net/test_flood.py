@@ -15,7 +15,7 @@ from node.chaos import Misbehave
 from node.outer.outer_files import payload_blob
 from node.runtime import NodeRuntime
 from node.settings import NodeSettings
-from protocol.ledger.bound import counted
+from protocol.ledger.bound import counting_ids
 from waiting import wait_for
 
 SMALL = ("seq_len=32", "d_model=32", "n_heads=2", "d_ff=64", "batch_size=8", "lr=1e-2", "warmup_steps=5")
@@ -55,7 +55,8 @@ async def test_a_flooding_peer_counts_for_nothing_and_leaves_a_few_payloads_per_
         assert per_slot and max(per_slot.values()) <= limit + 1, per_slot
         for slot, count in per_slot.items():  # past the limit the flooder counts for nothing in the slot
             entries = [e for e in snap.entries if e.slot == slot]
-            kept_origins = {e.meta.origin for e in counted(entries, limit)}
+            counting = counting_ids(((e.meta.origin, e.meta.update_id) for e in entries), limit)  # the origin rule
+            kept_origins = {e.meta.origin for e in entries if e.meta.update_id in counting}
             assert (f.peer_id in kept_origins) == (count <= limit), (slot, count)
         honest.upkeep.collect_garbage()  # the last round's surplus, as between rounds
         held = {payload_blob(e.payload) for e in snap.entries if e.payload is not None}

@@ -92,8 +92,8 @@ def _published(node, after: int) -> list[str]:
 def _applied(node, origin: str) -> set[str]:
     """The ids of `origin`'s updates `node`'s ledger took (applied or folded in)."""
     text = node.log_path.read_text(errors="replace")
-    return set(re.findall(rf"update ([0-9a-f]{{16}}) from {origin} .*: (?:applied-open|folded-late|applied-stale)",
-                          text))
+    return set(re.findall(rf"update ([0-9a-f]{{16}}) from {origin} .*: "
+                          r"(?:applied-open|folded-late|applied-stale|held-future)", text))  # held: applied at its slot
 
 
 def test_a_node_on_a_full_disk_keeps_contributing_and_restarts_from_its_checkpoint(cluster, tmp_path) -> None:
@@ -105,12 +105,15 @@ def test_a_node_on_a_full_disk_keeps_contributing_and_restarts_from_its_checkpoi
     disk = tmp_path / "b" / "ckpt"
     if not _mount_small_disk(disk, 8):
         pytest.skip("mounting a tmpfs needs privilege")
+    nodes = []
     try:
         args = ["--inner-steps", "5", "--heartbeat", "0.5", "--checkpoint-interval", "0", "--eval-every", "0",
                 "--log-level", "INFO", "--slowdown", "20"]  # rounds of ~0.5 s
         a = cluster("a", *args)
+        nodes.append(a)
         a.wait_listening(180.0)
         b = cluster("b", *args, "--peers", a.gossip)
+        nodes.append(b)
         b.wait_listening(180.0)
         b.wait_status(lambda s: s["round"] >= 3, 120.0, "three rounds")
         good = CheckpointDir(disk).latest()
@@ -140,5 +143,7 @@ def test_a_node_on_a_full_disk_keeps_contributing_and_restarts_from_its_checkpoi
         b.wait_status(lambda s: not s["disk_errors"], 90.0, "blobs back on disk and a checkpoint written")
         assert CheckpointDir(disk).latest().round > good.round
     finally:
+        for node in nodes:  # before the clean-up: a running node would spill again
+            node.kill()
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
         shutil.rmtree(default_spill_dir(disk / "blobs"), ignore_errors=True)  # memory, until it is removed
