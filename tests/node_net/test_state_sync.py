@@ -20,7 +20,7 @@ import numpy as np
 import trio
 
 import p2p
-from node.sync.join import choose, fetch_manifests, sync_state
+from node.sync.join import bootstrap_peers, choose, fetch_manifests, sync_state
 from node.outer.agreement import IdSetHash
 from node.outer.replica import Replica
 from node.sync.statefetch import download_state
@@ -228,3 +228,37 @@ async def test_piece_urls_answer_400_for_a_malformed_path_and_404_for_what_is_no
                     assert (await client.get(path)).status_code == status, path
             assert cluster.servers[0].pieces_served == 1
             await donor.close()
+
+
+async def test_a_joiner_takes_its_bootstrap_peers_state_before_a_fresher_one_two_fresh_keys_confirm(tmp_path: Path) -> None:
+    """Two fresh keys serve one state two slots fresher than the state of the joiner's bootstrap peer (the one
+    address it was given): confirmed by two, it comes first by the freshest-confirmed rule, but the joiner
+    takes what its bootstrap peer vouches for (`node.sync.join.choose`, PROTOCOL.md §11b)."""
+    honest_replica, *sybil_replicas = await same_replicas(3)
+    for r in sybil_replicas:  # the same two more closes on each: equal digests, a fresher slot
+        await r.close_open()
+        await r.close_open()
+    assert len({await r.digests() for r in sybil_replicas}) == 1 and sybil_replicas[0].slot == honest_replica.slot + 2
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            cluster = Cluster(nursery, tmp_path)
+            honest = await cluster.donor("honest", honest_replica)
+            joiner = await nursery.start(p2p.run, fast_host_config(tmp_path, "joiner", RUN, (honest.gossip_addr,)))
+            sybils = []
+            for i, r in enumerate(sybil_replicas):  # they find the joiner themselves
+                host = await nursery.start(p2p.run, fast_host_config(tmp_path, f"sybil{i}", RUN, (joiner.gossip_addr,)))
+                server = StateServer(host)
+                server.mount()
+                server.replica = r
+                sybils.append(host)
+            await wait_for(lambda: len(joiner.connected_peers()) == 3, 10, "the joiner connected to all three")
+            async with httpx.AsyncClient() as client:
+                manifests, _ = await fetch_manifests(client, joiner, RUN)
+            assert set(choose(manifests)[0].confirmed_by) == {s.peer_id for s in sybils}  # what it would take
+            assert bootstrap_peers(joiner) == {honest.peer_id}
+            result = await sync_state(joiner, RUN, CONFIG, SHAPES, own=(0, fresh_ledger().ledger_digest()),
+                                      timeout_s=30, retry_s=0.1, bootstrap=lambda: bootstrap_peers(joiner))
+            assert result is not None and result.choice.confirmed_by == (honest.peer_id,)
+            assert (result.ledger.ledger_digest(), result.ledger.params_digest()) == await honest_replica.digests()
+            for host in (joiner, honest, *sybils):
+                await host.close()
