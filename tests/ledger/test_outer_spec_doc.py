@@ -154,8 +154,15 @@ class Spec:
         for tag, w in sorted(entries, key=lambda e: self.uid(e[0])):
             first.setdefault(self.origin(tag), (tag, w))
         sent = Counter(self.origin(tag) for tag, _ in entries)
-        kept = [e for o, e in first.items() if self.per_origin is None or sent[o] <= self.per_origin]
-        return sorted(kept, key=lambda e: self.uid(e[0]))
+        kept = sorted((e for o, e in first.items() if self.per_origin is None or sent[o] <= self.per_origin),
+                      key=lambda e: self.uid(e[0]))
+        distinct: list[tuple[str, float]] = []  # of bit-identical deltas, the smallest id
+        for tag, w in kept:
+            deltas = self.ex.updates[tag]["delta"]
+            if not any(all(np.array_equal(deltas[k].view(np.uint32), self.ex.updates[t]["delta"][k].view(np.uint32))
+                           for k in deltas) for t, _ in distinct):
+                distinct.append((tag, w))
+        return distinct
 
     def bound(self, entries: list[tuple[str, float]], name: str) -> float:
         """τ: norm_clip × the lower median (by count) of the counted updates' norms."""
@@ -189,9 +196,9 @@ class Spec:
         return self.ex.updates[tag]["delta"][name].astype(F64).reshape(-1)
 
     def screened(self, entries: list[tuple[str, float]], name: str) -> set[str]:
-        """The direction screen: two that pull apart both go; of m ≥ 3, the one with the smallest cosine ≤ κ with
-        the others' sum goes (ties: smaller id), again while three are in and more than half of the m stay; the
-        cosines from ‖U_R‖² and ⟨x_i, U_R⟩ of the sum U_R over the updates still in."""
+        """The direction screen: two that pull apart both go; of m ≥ 3, of those whose cosine with the others' sum
+        is ≤ κ the one whose leaving leaves the others' mean direction longest goes (ties: smaller id), again while
+        three are in and more than half of the m stay; from ‖U_R‖² and ⟨x_i, U_R⟩ of the sum U_R over R."""
         live = [(t, self.base_coefficient(t, w, name, entries)) for t, w in self.counted(entries)]
         live = sorted(((t, c) for t, c in live if c != 0.0), key=lambda tc: self.uid(tc[0]))
         if self.clip == 0.0 or self.kappa is None or len(live) < 2:
@@ -208,16 +215,18 @@ class Spec:
             for t, c in rest_of:  # the accumulator over R, as U is summed
                 u_r = self.flat(t, name) * F64(c) if u_r is None else u_r + self.flat(t, name) * F64(c)
             u = self.inner(u_r, u_r)
-            cosines = []
+            disagreeing = []
+            sizes = {t: c * n[t] for t, c in rest_of}
             for t, c in rest_of:
                 d = self.inner(self.flat(t, name), u_r)
-                e = c * n[t]
+                e = sizes[t]
                 along, rest = d - e * n[t], math.fsum([u, (-2.0 * c) * d, e * e])
                 if rest <= 0.0 or n[t] <= 0.0 or along <= self.kappa * n[t] * math.sqrt(rest):
-                    cosines.append((-math.inf if rest <= 0.0 or n[t] <= 0.0 else along / (n[t] * math.sqrt(rest)), t))
-            if not cosines:
+                    others = math.fsum(sizes[o] for o, _ in rest_of if o != t)
+                    disagreeing.append((math.sqrt(rest) / others if rest > 0.0 and others > 0.0 else 0.0, t))
+            if not disagreeing:
                 break
-            out.add(min(cosines, key=lambda qt: (qt[0], self.uid(qt[1])))[1])
+            out.add(min(disagreeing, key=lambda gt: (-gt[0], self.uid(gt[1])))[1])
         return out
 
     def coefficient(self, tag: str, w: float, name: str, entries: list[tuple[str, float]]) -> float:
