@@ -7,6 +7,8 @@
   each round, an update that honest peers must refuse: alternately a payload of NaNs (`non_finite`,
   found after the download) and a header for a model of other shapes (`shape_mismatch`, refused
   before any download).
+- `unproven` (`Misbehave`): after its honest update, the node publishes it once more as a new message without
+  its membership (field 11): in a closed run every node must refuse it (`not_admitted`), whatever hellos it saw.
 - `flood` (`Misbehave`): after its honest update, the node publishes `FLOOD` more updates for the same slot,
   each another random direction with the honest update's norm per tensor, claiming the honest round's
   work: validly signed, each its own blob. Honest peers keep at most `max_updates_per_origin` + 1 of one
@@ -51,6 +53,7 @@ import trio
 
 from p2p import Host, Request, Response
 from p2p.blobserve import BLOB_PREFIX
+from protocol.compression import Codec
 from protocol.compression.tensors import decode_tensors, encode_tensors
 from protocol.ledger import Ledger
 from protocol.messages import Signed, split_addr
@@ -94,7 +97,7 @@ class Slowdown:
 class Misbehave:
     """The `--misbehave` modes that act once per round (`act`), after the honest update."""
 
-    MODES = ("garbage", "bad-updates", "flood")
+    MODES = ("garbage", "bad-updates", "flood", "unproven")
     FLOOD = 6  # extra updates per round in `flood` mode
 
     def __init__(self, mode: str, host: Host, shapes: Shapes, seed: int = 0) -> None:
@@ -111,6 +114,8 @@ class Misbehave:
             await self._garbage()
         elif self.mode == "flood":
             return await self._flood(base_slot, publish_slot, honest)
+        elif self.mode == "unproven":
+            return [await self._unproven(base_slot, publish_slot, honest)]
         elif self._count % 2:
             await self._nan_update(base_slot, publish_slot)
         else:
@@ -150,6 +155,16 @@ class Misbehave:
             published.append(signed)
         log.warning("chaos: published %d more updates for slot %d", self.FLOOD, publish_slot + 1)
         return published
+
+    async def _unproven(self, base_slot: int, publish_slot: int, honest: tuple[bytes, str, int, int]) -> Signed:
+        """The round's update once more, as a new message without its membership (field 11): a member of a
+        closed run whose hello showed its membership, publishing what no rule may count."""
+        payload, codec, tokens, steps = honest
+        signed = await self.host.publish_update(payload, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
+                                                inner_steps=steps, codec=Codec(codec).value,
+                                                shapes=shapes_field(self.shapes), membership=b"")
+        log.warning("chaos: published update %s without its membership", signed.message_id.hex()[:16])
+        return signed
 
     async def _nan_update(self, base_slot: int, publish_slot: int) -> None:
         count = sum(math.prod(s) for s in self.shapes.values())

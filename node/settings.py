@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "open_checkpoints", "run_configuration"]
 
-CHAOS_MODES = ("garbage", "bad-updates", "flood", "tarpit", "forge-state", "poison:negate", "poison:scale",
+CHAOS_MODES = ("garbage", "bad-updates", "flood", "unproven", "tarpit", "forge-state", "poison:negate", "poison:scale",
                "poison:random", "poison:tokens", "poison:collude")
 
 

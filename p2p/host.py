@@ -140,10 +140,11 @@ class Host:
         inner_steps: int,
         codec: str,
         shapes: tuple[tuple[str, tuple[int, ...]], ...],
+        membership: bytes | None = None,
     ) -> Signed:
         """Store the payload blob, sign an UpdateHeader for it (origin, seqno, hash, size filled in
         here) and push it into the overlay. Returns the signed header (its `message_id` is the
-        update id)."""
+        update id). `membership`: field 11 (default: this host's credential; chaos tests leave it out)."""
         name = await self.add_blob(payload)
         body = UpdateHeader(
             run_id=self.config.run_id,
@@ -157,7 +158,7 @@ class Host:
             shapes=shapes,
             payload_sha256=bytes.fromhex(name),
             payload_size=len(payload),
-            membership=self.config.admission.credential,
+            membership=self.config.admission.credential if membership is None else membership,
         )
         return self._publish(body)
 

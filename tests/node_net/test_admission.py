@@ -87,3 +87,35 @@ def test_a_closed_run_trains_with_its_members_and_refuses_every_other_key(cluste
     assert founder.status()["updates_rejected"].get("config_mismatch", 0) == 0
     assert outsider.peer_id not in founder.status()["peers"]
     assert outsider.peer_id not in member.status()["peers"]
+
+
+def test_a_members_update_without_its_membership_is_refused_by_every_node_and_no_replica_forks(cluster, tmp_path) -> None:
+    """Issue "Trust, second pass": a member whose hello showed its membership publishes, every round, an update
+    without field 11 (`--misbehave unproven`). The founder, which saw that hello, and a second member, which
+    need not have, both refuse every such update as `not_admitted` (whether an update counts reads only the
+    update and the run, PROTOCOL.md §7b), and the two stop at the run's last slot with equal digests."""
+    keys = {}
+    for name in ("founder", "member", "other"):
+        (tmp_path / name).mkdir()
+        keys[name] = Identity.load_or_create(tmp_path / name / "key")
+    grants = {}
+    for name in ("member", "other"):
+        grants[name] = tmp_path / f"{name}.json"
+        grants[name].write_text(grant(keys["founder"], RUN_ID, keys[name].peer_id).to_json())
+    run = [*COMMON, "--max-rounds", "8", "--drain-timeout", "20"]
+    founder = cluster("founder", *run, "--closed")
+    founder.wait_listening(START_S)
+    member = cluster("member", *run, "--membership", str(grants["member"]), "--misbehave", "unproven",
+                     "--peers", founder.gossip)
+    other = cluster("other", *run, "--membership", str(grants["other"]), "--peers", founder.gossip)
+    nodes = (founder, member, other)
+    stopped = [node.wait_line("STOPPED", START_S) for node in nodes]
+    for node in nodes:
+        assert node.wait_exit(60.0) == 0, node.log_tail()
+    assert stopped[0] == stopped[2], stopped  # the honest replicas: one slot, one ledger digest, one params digest
+    assert stopped[1] != stopped[0]  # only the misbehaving member holds its unproven updates (its own ledger takes them)
+    published = member.log_path.read_text().count("without its membership")
+    assert published >= 3
+    for node in (founder, other):
+        log = node.log_path.read_text()
+        assert "not_admitted" in log and "shows no membership" in log, node.log_tail()
