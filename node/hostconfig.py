@@ -11,6 +11,7 @@ import p2p
 from node.outer.updates import accept_hook
 from node.settings import NodeSettings
 from protocol.admission import Admission
+from protocol.compression import Codec, payload_size
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
 from protocol.ledger import LedgerConfig
@@ -43,4 +44,16 @@ def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shap
                           listen_host=host.strip("[]"), gossip_port=gossip_port, http_port=http_port,
                           advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                           advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
-                          accept=accept_hook(shapes, ledger), known=seen, run_config=run_config, admission=admission)
+                          accept=accept_hook(shapes, ledger), known=seen, run_config=run_config, admission=admission,
+                          blob_spill_bytes=spill_bytes(shapes, s.compression))
+
+
+#: How many of its own updates' payloads a node's spill holds on a full disk, at the least (with the payloads
+#: it fetches meanwhile): a round or two of a few peers' updates, and a 1B-parameter int4 model's 8 × 0.5 GB.
+SPILL_UPDATES = 8
+
+
+def spill_bytes(shapes: Mapping[str, tuple[int, ...]], compression: str) -> int:
+    """The host's spill bound (`p2p.HostConfig.blob_spill_bytes`): its default, or room for `SPILL_UPDATES`
+    payloads of this model when that is more."""
+    return max(p2p.HostConfig.blob_spill_bytes, SPILL_UPDATES * payload_size(shapes, Codec(compression)))

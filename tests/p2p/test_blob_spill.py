@@ -80,3 +80,12 @@ def test_fetches_wait_longer_after_each_local_write_error_and_not_at_all_after_a
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0] and backoff.until == 130.0
     backoff.succeeded()
     assert backoff.until < 0 and backoff.failed(5.0) == 1.0
+
+
+def test_a_nodes_spill_holds_several_of_its_models_updates() -> None:
+    from node.hostconfig import SPILL_UPDATES, spill_bytes
+    from p2p import HostConfig
+
+    assert spill_bytes({"w": (1000,)}, "int4") == HostConfig.blob_spill_bytes  # small models: the default
+    big = {"w": (10**9,)}  # 1B parameters, int4: ~0.53 GB a payload
+    assert spill_bytes(big, "int4") == SPILL_UPDATES * 531_250_000 > HostConfig.blob_spill_bytes
