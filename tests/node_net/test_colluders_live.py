@@ -1,0 +1,24 @@
+"""Tier (c): two colluding members of four publish one payload every round, on real processes (issue "Trust,
+second pass"); the runs are `hostile_runs`' (a file of its own, so the suite's workers share the hostile tests)."""
+
+from __future__ import annotations
+
+import re
+
+from hostile_runs import TOLERANCE, finish, final, start, worst_ratio
+
+
+def test_two_colluding_members_of_four_publishing_one_payload_every_round_are_bounded(cluster) -> None:
+    """Two hostile nodes publish, every round, the same payload (a random direction ×10⁴ drawn from the
+    target slot alone: `poison:collude`) beside two honest ones. Counted as two, the pair agreed with each
+    other and outweighed the honest pair, and the screen, which keeps more than half, left an honest update
+    out instead (issue "Trust, second pass"); bit-identical deltas now count once, so the screen has three
+    to judge by and leaves the hostile one out."""
+    clean = start(cluster, "pair-", honest=2)
+    hostile = start(cluster, "colluded-", ["poison:collude", "poison:collude"], honest=2)
+    honest_only, attacked = finish(clean), finish(hostile)
+    first, second = (set(re.findall(r"published [0-9a-f]{16} \(base \d+, slot (\d+), \d+ bytes, blob ([0-9a-f]+)",
+                                    node.log_path.read_text())) for node in hostile[1])
+    assert first & second, "the colluders published one payload into the same slots"
+    assert worst_ratio(attacked, honest_only) <= 1 + TOLERANCE, (attacked, honest_only)
+    assert final(attacked) <= final(honest_only) * (1 + TOLERANCE), (attacked, honest_only)
