@@ -36,12 +36,15 @@ def start(cluster, prefix: str, hostile: Sequence[str] = (), honest: int = 3,
     return nodes, evil
 
 
-def evaluations(node) -> list[float]:
-    return [float(x) for x in re.findall(r"held-out ([0-9.]+) bits/byte", node.log_path.read_text())]
+def evaluations(node) -> dict[int, float]:
+    """A node's held-out bpb by the round it was taken at (its own evaluations, not the vet of a state it
+    synced; the last of a round, the final model's, wins)."""
+    text = node.log_path.read_text()
+    return {int(r): float(x) for x, r in re.findall(r"held-out ([0-9.]+) bits/byte at slot \d+ \(round (\d+)\)", text)}
 
 
-def finish(run: tuple[list, list], hostile: str | None = None) -> list[list[float]]:
-    """Wait for a run's honest nodes to stop; each one's held-out bpb at its evaluations, in order."""
+def finish(run: tuple[list, list], hostile: str | None = None) -> list[dict[int, float]]:
+    """Wait for a run's honest nodes to stop; each one's held-out bpb by round (`evaluations`)."""
     honest, evil = run
     curves = []
     for node in honest:
@@ -56,13 +59,14 @@ def finish(run: tuple[list, list], hostile: str | None = None) -> list[list[floa
     return curves
 
 
-def final(curves: list[list[float]]) -> float:
-    """The honest nodes' mean of their last two evaluations."""
-    return statistics.mean(statistics.mean(c[-2:]) for c in curves)
+def final(curves: list[dict[int, float]]) -> float:
+    """The honest nodes' mean of their evaluations at their last two rounds."""
+    return statistics.mean(statistics.mean(c[r] for r in sorted(c)[-2:]) for c in curves)
 
 
-def worst_ratio(attacked: list[list[float]], clean: list[list[float]]) -> float:
-    """The largest ratio, over the evaluations both runs took (the k-th of each, rounds 0, 4, 8, …), of the
-    attacked run's honest nodes' mean held-out to the honest-only run's."""
-    points = min(len(c) for c in attacked + clean)
-    return max(statistics.mean(c[k] for c in attacked) / statistics.mean(c[k] for c in clean) for k in range(points))
+def worst_ratio(attacked: list[dict[int, float]], clean: list[dict[int, float]]) -> float:
+    """The largest ratio, over the rounds at which every honest node of both runs evaluated (0, 4, 8, …), of
+    the attacked run's honest nodes' mean held-out to the honest-only run's."""
+    rounds = set.intersection(*(set(c) for c in attacked + clean))
+    assert rounds, (attacked, clean)
+    return max(statistics.mean(c[r] for c in attacked) / statistics.mean(c[r] for c in clean) for r in rounds)
