@@ -16,7 +16,8 @@ def test_a_peer_with_another_inner_learning_rate_is_refused_at_the_handshake(clu
     a = cluster("a", *COMMON)
     a.wait_listening(180.0)
     b = cluster("b", *COMMON, "--peers", a.gossip)
-    c = cluster("c", *COMMON, "--set", "lr=0.5", "--no-adopt", "--peers", a.gossip)
+    # c never syncs (every peer refuses it): a long --sync-timeout keeps it up while its /status is read
+    c = cluster("c", *COMMON, "--set", "lr=0.5", "--no-adopt", "--sync-timeout", "300", "--peers", a.gossip)
     for node in (b, c):
         node.wait_listening(180.0)
     b.wait_status(lambda s: a.peer_id in s["peers"], 60.0, "b connected to a")
