@@ -2,8 +2,8 @@
 
 Every node of a run must train with the same run configuration (`protocol.runconfig`); a peer with another
 one is refused at the handshake. So that a user can join a running training knowing only a peer's address
-and the run id, a node started with `--peers` first reads the `hello` a bootstrap peer sends on connect
-(every node sends its hello first, run configuration included), and trains with that configuration:
+and the run id, a node started with `--peers` first reads the `hello` of a bootstrap peer (run configuration included),
+and trains with that configuration:
 
 - every run-wide setting the user did not give on the command line is taken from it (the model's
   architecture, the inner optimizer and schedule, batch size, seed, H, codec, window, outer learning rate,
@@ -14,8 +14,9 @@ and the run id, a node started with `--peers` first reads the `hello` a bootstra
 - fields that no flag sets (the code's own constants, e.g. the aggregation rule) that differ mean the peer
   runs another version: a startup error too.
 
-The connection is closed as soon as the peer's hello has arrived; nothing is sent (the peer sees a
-connection closed during its handshake, and counts no refusal). If no bootstrap peer answers within
+The joiner sends its own hello first (a closed run's node speaks second, and only to a member: one without
+`--membership` is told to get one), and closes the connection as soon as the peer's hello has arrived (the
+peer sees a connection closed during its handshake, and counts no refusal). If no bootstrap peer answers within
 `timeout_s`, the node goes on with its own settings (the handshake still refuses a mismatch), and says so.
 A bootstrap peer that lies only keeps the joiner out of the run: every other peer checks the joiner's
 configuration at its own handshake.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import logging
 import time
 from collections.abc import Collection
@@ -34,8 +36,15 @@ import trio
 
 from node.island.config import ConfigError
 from node.settings import NodeSettings, ledger_config, run_configuration
+from p2p.errors import TransportError
+from p2p.tls import Credentials
+from p2p.tls import connect as tls_connect
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.framing import FrameDecoder
+from protocol import wire
+from protocol.admission import Admission
+from protocol.framing import FrameDecoder, frame
+from protocol.gossip import Handshake
+from protocol.identity import Identity
 from protocol.messages import Hello, split_addr
 from protocol.runconfig import config_differences, decode_config
 from protocol.validation import Validator
@@ -146,18 +155,41 @@ def _what(name: str) -> str:
             "model.parameters": "another parameter count", "inner.lr": "another peak learning rate"}.get(name, "a field of its config")
 
 
-async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
-    """The hello the node at gossip `address` sends on connect. Raises OSError, trio.TooSlowError or
-    RemoteProtocolError (wrong run id, not a hello)."""
+def own_hello(identity: Identity, run_id: str, admission: Admission, run_config: str) -> Hello:
+    """The hello a joiner sends first: a closed run's node answers it only if it shows a membership. It carries
+    the joiner's own configuration: a peer whose configuration it is counts no refusal."""
+    return Handshake(identity, Validator(run_id), gossip_addr="", http_addr="", challenge=os.urandom(32),
+                     admission=admission, run_config=run_config).hello
+
+
+class ClosedOnHello(OSError):
+    """The peer closed the connection on our hello without sending its own: a closed run's node does that to a
+    key without a membership (it speaks second, PROTOCOL.md section 7b)."""
+
+
+async def peer_hello(address: str, run_id: str, timeout_s: float, credentials: Credentials | None = None,
+                     ours: Hello | None = None) -> Hello:
+    """The hello the node at gossip `address` sends (inside TLS with `credentials`, cleartext without), after
+    `ours` if given (a closed run's node answers only a member's hello). Raises OSError (`ClosedOnHello`),
+    TransportError, trio.TooSlowError or RemoteProtocolError (wrong run id, not a hello, a certificate that
+    proves no peer id)."""
     host, port = split_addr(address)
     decoder, validator = FrameDecoder(), Validator(run_id)
     with trio.fail_after(timeout_s):
-        stream = await trio.open_tcp_stream(host, port)
+        if credentials is None:
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        else:
+            stream = await tls_connect(address, credentials.gossip_client, timeout_s)
         async with stream:
+            if ours is not None:
+                await stream.send_all(frame(wire.encode(ours)))
             while (body := decoder.next_frame()) is None:
-                data = await stream.receive_some(65536)
+                try:
+                    data = await stream.receive_some(65536)
+                except TransportError:
+                    data = b""
                 if not data:
-                    raise OSError("closed the connection before its hello")
+                    raise (ClosedOnHello if ours is not None else OSError)("closed the connection before its hello")
                 decoder.receive_data(data)
     message = validator.validate(body, time.time())
     if type(message) is not Hello:
@@ -166,22 +198,34 @@ async def peer_hello(address: str, run_id: str, timeout_s: float) -> Hello:
 
 
 async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collection[str],
-                           timeout_s: float = 30.0, task: Task | None = None, peer_id: str = "") -> NodeSettings:
+                           timeout_s: float = 30.0, task: Task | None = None, peer_id: str = "",
+                           credentials: Credentials | None = None, identity: Identity | None = None,
+                           admission: Admission | None = None) -> NodeSettings:
     """Read the run configuration of the first bootstrap peer that answers (each tried in turn until
-    `timeout_s`) and return `adopted(...)` settings; the settings unchanged if none answers."""
+    `timeout_s`) and return `adopted(...)` settings; the settings unchanged if none answers. With `identity`
+    and `admission`, our own hello goes first (what a closed run's node waits for)."""
+    ours = None
+    if identity is not None and admission is not None:
+        ours = own_hello(identity, settings.run_id, admission, own_run_config(settings, founder, task, peer_id))
     deadline = trio.current_time() + timeout_s
     problems: dict[str, str] = {}
+    closed_on_hello: set[str] = set()
     while trio.current_time() < deadline:
         for address in settings.peers:
             try:
-                hello = await peer_hello(address, settings.run_id, min(5.0, max(0.1, deadline - trio.current_time())))
+                hello = await peer_hello(address, settings.run_id, min(5.0, max(0.1, deadline - trio.current_time())),
+                                         credentials, ours)
             except RemoteProtocolError as exc:
                 if exc.reason is Reason.WRONG_RUN_ID:  # the peer is up and in another run: retrying cannot help
                     raise ConfigError(f"--run-id {settings.run_id}: the peer at {address} is in another run "
                                       f"({exc.detail.removeprefix('hello ')})") from None
                 problem = f"{type(exc).__name__}: {exc}"
-            except (OSError, trio.TooSlowError) as exc:
+            except (OSError, TransportError, trio.TooSlowError) as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if isinstance(exc, ClosedOnHello):
+                    closed_on_hello.add(address)
+                else:
+                    closed_on_hello.discard(address)
             else:
                 problem = "" if hello.run_config else "declares no run configuration"
             if problem:
@@ -192,6 +236,10 @@ async def adopt_run_config(settings: NodeSettings, founder: str, pinned: Collect
                 continue
             return adopted(settings, hello.run_config, founder, pinned, f"{hello.peer_id} at {address}", task, peer_id)
         await trio.sleep(min(1.0, max(0.0, deadline - trio.current_time())))
+    if closed_on_hello and closed_on_hello == set(settings.peers) and not founder:
+        raise ConfigError(f"every peer ({', '.join(sorted(closed_on_hello))}) closed the connection on this node's "
+                          "hello without answering: a closed run's nodes answer only its members; join it with "
+                          "--membership FILE (its founder grants it: diloco-admit grant)")
     log.warning("could not read the run's configuration from any peer in %.0f s (%s); training with this node's own "
                 "settings: peers with other ones will refuse it (config_mismatch)", timeout_s,
                 "; ".join(f"{a}: {p}" for a, p in problems.items()))

@@ -53,8 +53,11 @@ import trio
 
 from p2p import Host, Request, Response
 from p2p.blobserve import BLOB_PREFIX
+from p2p.errors import TransportError
+from p2p.tls import connect as tls_connect
 from protocol.compression import Codec
 from protocol.compression.tensors import decode_tensors, encode_tensors
+from protocol.errors import RemoteProtocolError
 from protocol.ledger import Ledger
 from protocol.messages import Signed, split_addr
 from node.outer.replica import Replica
@@ -125,15 +128,21 @@ class Misbehave:
     async def _garbage(self) -> None:
         for peer in self.host.peers():
             try:
-                host, port = split_addr(peer.gossip_addr)
-                stream = await trio.open_tcp_stream(host, port)
-            except (ValueError, OSError) as exc:
+                if self.host.tls is None:
+                    host, port = split_addr(peer.gossip_addr)
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                else:  # inside TLS with our certificate: the frame, not the link, is what gets refused
+                    stream = await tls_connect(peer.gossip_addr, self.host.tls.gossip_client, 5.0)
+            except (ValueError, OSError, TransportError, RemoteProtocolError) as exc:
                 log.info("chaos: cannot reach %s: %s", peer.peer_id, exc)
                 continue
             body = b"\xc1" + os.urandom(31)  # 0xc1 is never valid msgpack
             try:
                 await stream.send_all(struct.pack(">I", len(body)) + body)
-            except trio.BrokenResourceError:
+                with trio.move_on_after(5):  # until the peer reads it and hangs up (closing first could cut its TLS)
+                    while await stream.receive_some(1 << 16):
+                        pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, TransportError):
                 pass
             finally:
                 await stream.aclose()
@@ -249,8 +258,7 @@ class ForgeState:
     async def act(self, replica: Replica) -> None:
         self._count += 1
         self.server.serve(await forged_replica(replica, self.TOKENS * self._count))
-        hinted = [p.peer_id for p in self.host.peers() if p.http_addr and await send_fork_hint(p.http_addr,
-                                                                                              self.host.peer_id)]
+        hinted = [p.peer_id for p in self.host.peers() if p.http_addr and await send_fork_hint(self.host, p.http_addr)]
         log.warning("chaos: serving a forged state claiming %d more tokens; fork hints sent to %d peers",
                     self.TOKENS * self._count, len(hinted))
 

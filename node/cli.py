@@ -17,6 +17,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ On several hosts: listen on every interface and say how peers reach this node wh
 A node with --peers never starts a run of its own: until a peer answers it waits, logging each failed
 dial; GET /status shows "waiting_for" and "dial_failures".
 
+Links: TLS 1.3 on both ports by default (nothing to set up: the certificate is made from --key, and proves
+its peer id to every peer, as libp2p's TLS does); the HTTP plane is https. Anyone may read an open run's
+HTTP plane; in a closed run an outsider gets only GET /health, and members' certificates the rest.
+--insecure turns TLS off on both planes (benchmarks and tests on a trusted network).
+
 Run-wide settings (every node of a run must agree; a joiner with --peers takes them from the run): --model,
 --set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --norm-clip,
 --max-rounds (the run's last slot), --closed/--membership. All flags can come from a TOML file: --config node.toml.
@@ -47,7 +53,7 @@ Example, three nodes on one machine:
   python -m node.cli --run-id demo --key a.key --listen 127.0.0.1:7000 --http 127.0.0.1:8000 --max-rounds 20
   python -m node.cli --run-id demo --key b.key --listen 127.0.0.1:7001 --http 127.0.0.1:8001 --peers 127.0.0.1:7000 --max-rounds 20
   python -m node.cli --run-id demo --key c.key --listen 127.0.0.1:7002 --http 127.0.0.1:8002 --peers 127.0.0.1:7000 --max-rounds 20
-  curl -s 127.0.0.1:8000/status
+  curl -sk https://127.0.0.1:8000/status
 """
 
 
@@ -86,6 +92,11 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     net.add_argument("--advertise-http", default="", metavar="HOST:PORT",
                      help="the address peers fetch blobs and state from, when it differs from the --advertise "
                           "host with the --http port (default: that)")
+    net.add_argument("--insecure", action="store_true",
+                     help="cleartext gossip and HTTP, for benchmarks and tests on a trusted network only. By default "
+                          "every link is TLS 1.3, both ends proving their peer id by certificate (libp2p's TLS "
+                          "scheme), and the HTTP plane is https; TLS nodes and --insecure nodes refuse each other "
+                          "(cleartext_peer / tls_peer), and a closed run's HTTP plane is only closed with TLS")
     net.add_argument("--run-id", required=True, metavar="ID", help="the run; peers of other runs are refused")
     net.add_argument("--key", required=True, type=Path, metavar="FILE",
                      help="Ed25519 key file (libp2p format, mode 0600), created if missing; its peer id names "
@@ -225,7 +236,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
 
     return NodeSettings(
         run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers,
-        advertise=args.advertise, advertise_http=args.advertise_http, data=args.data,
+        advertise=args.advertise, advertise_http=args.advertise_http, insecure=args.insecure, data=args.data,
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
@@ -365,8 +376,12 @@ def main(argv: Sequence[str] | None = None, task: Any = None, on_metrics: Any = 
         if args.adopt and runtime.settings.peers:
             from node.adopt import adopt_run_config
 
-            settings = trio.run(adopt_run_config, runtime.settings, runtime.admission.founder, given,
-                                min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
+            from p2p.tls import Credentials
+
+            credentials = None if runtime.settings.insecure else Credentials(runtime.identity)
+            settings = trio.run(partial(adopt_run_config, credentials=credentials, identity=runtime.identity,
+                                        admission=runtime.admission), runtime.settings,
+                                runtime.admission.founder, given, min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
             if settings is not runtime.settings:
                 runtime = NodeRuntime(settings, runtime.identity, task, on_metrics)
         return trio.run(_serve, runtime, args.stop_timeout)

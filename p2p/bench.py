@@ -1,5 +1,6 @@
-"""p2p benchmarks: blob plane throughput against a raw trio socket copy of the same bytes, measured in
-the same run, and gossip control overhead per delivered blob for N nodes.
+"""p2p benchmarks: blob plane throughput over TLS (the default) and over cleartext (--insecure) against a raw
+trio socket copy of the same bytes, measured in the same run, and gossip control overhead per delivered blob
+for N nodes.
 
     python -m p2p.bench                      # 64 MiB x 9 transfers (+1 warm-up), 8 nodes x 16 blobs
     python -m p2p.bench --mib 256 --repeats 5
@@ -8,9 +9,10 @@ the same run, and gossip control overhead per delivered blob for N nodes.
 Both transfers run over loopback, either in this one process (sender and receiver share the interpreter, as
 the tests do) or, by default, with the serving node in a second process as in a deployment. Raw and
 blob runs alternate (raw first on even rounds, blob first on odd ones) after one untimed warm-up of each,
-so background load hits both alike; medians are reported. The blob path is the real one: a host serves
-the stored file with hypercorn, the other host's `fetch_blob` streams it with httpx, hashes it, writes it
-to its store and verifies it. The raw baseline sends the same bytes from the same process as the serving
+so background load hits both alike; medians are reported. The three kinds (raw, cleartext blob, TLS blob) take
+turns in a rotating order after one untimed warm-up of each, so background load hits all alike; medians are
+reported. The blob path is the real one: a host serves the stored file with hypercorn (over `p2p.tls` for TLS),
+the other host's `fetch_blob` streams it with httpx, hashes it, writes it to its store and verifies it. The raw baseline sends the same bytes from the same process as the serving
 node over a plain trio socket, 4 MiB per `send`, into a fresh buffer (allocated before the clock starts,
 its pages faulted in while receiving, as the blob's pages are when its file is written).
 CPU per GiB counts all threads of each process (user + system) over the timed transfers.
@@ -43,7 +45,8 @@ from protocol.identity import Identity
 
 RUN = "bench"
 CHUNK = 4 << 20
-TARGET_GBIT = 5.0  # the issue's target for one blob transfer between two local nodes
+TARGET_GBIT = 5.0  # the first blob plane issue's target for one cleartext blob transfer between two local nodes
+TLS_TARGET_GBIT = 2.0  # the TLS issue's: at least this per connection on loopback
 
 
 async def serve_raw(listener: trio.SocketListener, payload: bytes) -> None:
@@ -92,24 +95,33 @@ async def _until(predicate: object, timeout: float) -> None:
             await trio.sleep(0.005)
 
 
+KINDS = ("raw", "cleartext", "tls")
+
+
 async def _serving_side(tmp: Path, payload: bytes, nursery: trio.Nursery) -> dict[str, object]:
-    """Host A holding the blob, and a raw sender of the same bytes. Returns where to find them."""
-    a: Host = await nursery.start(run, _config(tmp, "a", GossipConfig(run_id=RUN)))
-    name = await a.add_blob(payload)
+    """Two hosts holding the blob, one over TLS and one --insecure, and a raw sender of the same bytes.
+    Returns where to find them."""
+    info: dict[str, object] = {"size": len(payload), "hosts": []}
+    for kind in ("cleartext", "tls"):
+        a: Host = await nursery.start(run, _config(tmp, f"a-{kind}", GossipConfig(run_id=RUN), insecure=kind == "cleartext"))
+        info["blob"] = await a.add_blob(payload)
+        info[kind] = {"gossip_addr": a.gossip_addr, "peer_id": a.peer_id}
+        info["hosts"].append(a)  # type: ignore[attr-defined]
     listener = await open_listener("127.0.0.1", 0)
     nursery.start_soon(serve_raw, listener, payload)
-    return {"gossip_addr": a.gossip_addr, "peer_id": a.peer_id, "blob": name, "size": len(payload),
-            "raw_port": listener_addr(listener)[1], "host": a}
+    info["raw_port"] = listener_addr(listener)[1]
+    return info
 
 
 async def serve_child(tmp: Path, mib: int) -> None:
     """`--serve` mode (the other process): print where the blob is, serve until stdin closes."""
     async with trio.open_nursery() as nursery:
         info = await _serving_side(tmp, os.urandom(mib << 20), nursery)
-        host = info.pop("host")
+        hosts = info.pop("hosts")
         print(json.dumps(info), flush=True)
         await trio.to_thread.run_sync(sys.stdin.read)
-        await host.close()  # type: ignore[attr-defined]
+        for host in hosts:  # type: ignore[attr-defined]
+            await host.close()
         nursery.cancel_scope.cancel()
 
 
@@ -131,54 +143,56 @@ async def start_serving_child(module: str, tmp: Path, mib: int) -> tuple[trio.Pr
 
 async def blob_transfers(
     tmp: Path, mib: int, repeats: int, same_process: bool
-) -> tuple[list[float], list[float], dict[str, float]]:
-    """(blob seconds, raw seconds) per repeat, alternating, from a serving node in another process
-    (or this one with `same_process`) to a fetching node here, after one untimed warm-up of each; then
-    CPU seconds (all threads) of the receiving and (in two-process mode) the sending process, for
-    blobs and for raw copies."""
-    blob_s: list[float] = []
-    raw_s: list[float] = []
-    cpu = {"blob": 0.0, "raw": 0.0, "blob_sender": 0.0, "raw_sender": 0.0}
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per repeat of each kind (`KINDS`: raw copy, cleartext blob, TLS blob), in rotating order, from
+    serving nodes in another process (or this one with `same_process`) to fetching nodes here, after one
+    untimed warm-up of each; and CPU seconds (all threads) of the receiving process (`<kind>`) and, in
+    two-process mode, the sending one (`<kind>_sender`)."""
+    seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    cpu = {f"{kind}{side}": 0.0 for kind in KINDS for side in ("", "_sender")}
     async with trio.open_nursery() as nursery:
         if same_process:
             info = await _serving_side(tmp, os.urandom(mib << 20), nursery)
             child = None
         else:
             child, info = await start_serving_child("p2p.bench", tmp, mib)
-        b: Host = await nursery.start(run, _config(tmp, "b", GossipConfig(run_id=RUN), bootstrap=(info["gossip_addr"],)))
-        await _until(lambda: info["peer_id"] in b.connected_peers(), 10)
+        fetchers: dict[str, Host] = {}
+        for kind in ("cleartext", "tls"):
+            served = info[kind]
+            fetchers[kind] = await nursery.start(run, _config(
+                tmp, f"b-{kind}", GossipConfig(run_id=RUN), bootstrap=(served["gossip_addr"],),
+                insecure=kind == "cleartext"))
+            await _until(lambda: served["peer_id"] in fetchers[kind].connected_peers(), 10)
         name, size = str(info["blob"]), int(info["size"])  # type: ignore[call-overload]
         sender = child.pid if child is not None else None
 
-        async def raw() -> None:
-            await raw_copy(int(info["raw_port"]), size)  # type: ignore[call-overload]
-
-        async def blob() -> None:
+        async def transfer(kind: str) -> None:
+            if kind == "raw":
+                await raw_copy(int(info["raw_port"]), size)  # type: ignore[call-overload]
+                return
+            b = fetchers[kind]
             b.store.remove(name)
             b.router.forget_blob(name)
-            await b.fetch_blob(name, size, [str(info["peer_id"])])
+            await b.fetch_blob(name, size, [str(info[kind]["peer_id"])])
 
-        async def timed(kind: str, transfer: Callable[[], Awaitable[None]], into: list[float]) -> None:
-            c0, s0, t0 = time.process_time(), _cpu_seconds(sender), time.perf_counter()
-            await transfer()
-            into.append(time.perf_counter() - t0)
-            cpu[kind] += time.process_time() - c0
-            cpu[f"{kind}_sender"] += _cpu_seconds(sender) - s0
-
-        await raw()  # warm-up: connections, worker threads, page cache, allocator
-        await blob()
+        for kind in KINDS:  # warm-up: connections, worker threads, page cache, allocator
+            await transfer(kind)
         for i in range(repeats):
-            pair = [("raw", raw, raw_s), ("blob", blob, blob_s)]
-            for kind, transfer, into in pair if i % 2 == 0 else pair[::-1]:
-                await timed(kind, transfer, into)
-        if b.store.size(name) != size or b.counters.blob_downloads != repeats + 1:
-            raise RuntimeError("blob transfer bookkeeping is off")
-        await b.close()
+            for kind in KINDS[i % 3:] + KINDS[:i % 3]:
+                c0, s0, t0 = time.process_time(), _cpu_seconds(sender), time.perf_counter()
+                await transfer(kind)
+                seconds[kind].append(time.perf_counter() - t0)
+                cpu[kind] += time.process_time() - c0
+                cpu[f"{kind}_sender"] += _cpu_seconds(sender) - s0
+        for b in fetchers.values():
+            if b.store.size(name) != size or b.counters.blob_downloads != repeats + 1:
+                raise RuntimeError("blob transfer bookkeeping is off")
+            await b.close()
         if child is not None:
             await child.stdin.aclose()  # type: ignore[union-attr]
             await child.wait()
         nursery.cancel_scope.cancel()
-    return blob_s, raw_s, cpu
+    return seconds, cpu
 
 
 async def control_overhead(tmp: Path, nodes: int, blobs: int, blob_bytes: int) -> dict[str, float]:
@@ -241,30 +255,28 @@ async def main(args: argparse.Namespace) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="p2p-bench-") as tmp:
         load_before = os.getloadavg()[0]
-        blob_s, raw_s, cpu = await blob_transfers(Path(tmp), args.mib, args.repeats, args.same_process)
-        blob_med, raw_med = statistics.median(blob_s), statistics.median(raw_s)
+        seconds, cpu = await blob_transfers(Path(tmp), args.mib, args.repeats, args.same_process)
+        median = {kind: statistics.median(v) for kind, v in seconds.items()}
         n = args.mib << 20
-        where = "both nodes in this process" if args.same_process else "serving node in a second process"
-        print(f"blob plane: {args.mib} MiB x {args.repeats} (+1 warm-up), {where}, alternating with raw copies")
-        print("  (the real path: hypercorn serves the stored file, the other host's fetch_blob receives it,"
-              " hashes it, writes it to its store and verifies it)")
-        print(f"  blob transfer   median {blob_med * 1e3:7.1f} ms = {gbit(n, blob_med):5.2f} Gbit/s"
-              f"  (best {gbit(n, min(blob_s)):.2f})")
-        print(f"  raw trio socket median {raw_med * 1e3:7.1f} ms = {gbit(n, raw_med):5.2f} Gbit/s"
-              f"  (best {gbit(n, min(raw_s)):.2f})")
-        print(f"  ratio blob / raw = {raw_med / blob_med:.2f}")
+        where = "both nodes in this process" if args.same_process else "serving nodes in a second process"
+        print(f"blob plane: {args.mib} MiB x {args.repeats} (+1 warm-up) of each kind, {where}, in rotating order")
+        print("  (the real path: hypercorn serves the stored file, over p2p.tls for TLS; the other host's fetch_blob"
+              " receives it, hashes it, writes it to its store and verifies it)")
         gib = n * args.repeats / 2**30
-        ms = {k: v / gib * 1e3 for k, v in cpu.items()}
-        if args.same_process:
-            print(f"  CPU per GiB (all threads, both sides): blob {ms['blob']:.0f} ms, raw {ms['raw']:.0f} ms")
-        else:
-            print(f"  CPU per GiB (all threads): receiver blob {ms['blob']:.0f} ms, raw {ms['raw']:.0f} ms;"
-                  f" sender blob {ms['blob_sender']:.0f} ms, raw {ms['raw_sender']:.0f} ms")
+        label = {"raw": "raw trio socket", "cleartext": "blob, cleartext", "tls": "blob, TLS 1.3"}
+        for kind in KINDS:
+            side = (f"CPU-s/GiB both sides {cpu[kind] / gib:.2f}" if args.same_process else
+                    f"CPU-s/GiB receiver {cpu[kind] / gib:.2f}, sender {cpu[kind + '_sender'] / gib:.2f}")
+            print(f"  {label[kind]:16s} median {median[kind] * 1e3:7.1f} ms = {gbit(n, median[kind]):5.2f} Gbit/s"
+                  f"  (best {gbit(n, min(seconds[kind])):.2f});  {side}")
+        print(f"  ratio TLS / cleartext = {median['cleartext'] / median['tls']:.2f}, "
+              f"TLS / raw = {median['raw'] / median['tls']:.2f}, cleartext / raw = {median['raw'] / median['cleartext']:.2f}")
         sha = sha256_seconds_per_gib()
         print(f"  sha256 alone (the verification, 1 MiB pieces): {2**30 / sha / 1e9:.2f} GB/s"
               f" = {sha * 1e3:.0f} ms CPU per GiB")
-        verdict = "met" if gbit(n, blob_med) >= TARGET_GBIT else "not met"
-        print(f"  target: blob median >= {TARGET_GBIT:g} Gbit/s: {verdict}")
+        for kind, target in (("cleartext", TARGET_GBIT), ("tls", TLS_TARGET_GBIT)):
+            verdict = "met" if gbit(n, median[kind]) >= target else "not met"
+            print(f"  target: {label[kind]} median >= {target:g} Gbit/s: {verdict}")
         print(f"  load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if args.nodes < 2:
             return

@@ -25,8 +25,9 @@ Why not iterate the body through httpx (measured with `python -m p2p.bench` on t
 VM): h11 and httpcore copy each body byte four times through freshly allocated ~1 MiB objects, and
 glibc returns such blocks to the kernel and faults them in again (130k-220k page faults per GiB);
 that cost about as much CPU as the SHA-256. So the request and the response head go through httpx,
-httpcore and h11 as usual, a `_HeadStream` makes sure h11 gets no byte past the head, and
-`_Body.readinto` reads the Content-Length body straight from the connection's socket. The price:
+httpcore and h11 as usual, a `LinkStream` that stops at the head (`p2p.httpclient`) makes sure h11 gets no byte past it, and
+`_Body.readinto` reads the Content-Length body straight from the link (the socket, or the TLS object
+into the buffer). The price:
 httpcore closes that connection instead of reusing it (h11 never saw the end of the body), so each
 download opens its own TCP connection, one more round trip per blob.
 """
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +47,8 @@ from p2p.blobserve import BLOB_PREFIX, PEER_HEADER
 from p2p.blobstore import BlobStore, BlobWriter
 from p2p.counters import Counters, Kind
 from p2p.errors import BlobGone, LocalStoreError, TransportError
+from p2p.httpclient import LinkStream, LinkTransport, membership_headers
+from p2p.tls import Credentials
 from protocol.errors import Reason, RemoteProtocolError
 
 log = logging.getLogger("p2p.blobs")
@@ -55,98 +57,16 @@ DEFAULT_READ = 1 << 20
 _BODY = "diloco.body"  # the response extension that carries the `_Body`
 
 
-class _HeadStream(httpcore.AsyncNetworkStream):
-    """httpcore's trio stream, except that a read never returns bytes past the end of a message head.
+class _PoolTransport(LinkTransport):
+    """The blob client's transport: links that stop at the response head (`LinkStream.stop_at_head`), and each
+    response carries its `_Body` in `response.extensions[_BODY]`."""
 
-    Each read peeks at what the socket holds and takes it only up to the first blank line (h11's
-    rule: `\\n\\n` or `\\n\\r\\n`, looking across the previous read's last bytes too). httpcore stops
-    reading once h11 has parsed the response head, so at that point every body byte is still in the
-    socket, and `_Body.readinto` can receive it straight into the caller's buffer. (A body read
-    through h11 instead may come in shorter pieces; it stays correct.)
-    """
+    def __init__(self, credentials: Credentials | None, max_connections: int) -> None:
+        super().__init__(credentials, max_connections=max_connections, stop_at_head=True)
 
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
-        self._socket = inner.get_extra_info("socket")
-        self._tail = b""  # the last bytes returned since the last head end (at most 2)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        try:
-            with trio.fail_after(math.inf if timeout is None else timeout):
-                peeked = await self._socket.recv(max_bytes, socket.MSG_PEEK)
-                end = _head_end(self._tail + peeked)
-                want = len(peeked) if end is None else end - len(self._tail)
-                data = await self._socket.recv(want)
-        except trio.TooSlowError as exc:
-            raise httpcore.ReadTimeout(str(exc)) from exc
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from exc
-        self._tail = b"" if end is not None and len(data) == want else (self._tail + data)[-2:]
-        return data
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        raise httpcore.UnsupportedProtocol("the blob client speaks plain HTTP/1.1")
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-def _head_end(data: bytes) -> int | None:
-    """The index just past the first blank line in `data` (`\\n\\n` or `\\n\\r\\n`), or None."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\n\r\n") if (i := data.find(sep)) >= 0]
-    return min(ends) if ends else None
-
-
-class _HeadStreamBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
-        self._inner = httpcore.TrioBackend()
-
-    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _HeadStream(await self._inner.connect_tcp(*args, **kwargs))
-
-    async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
-        return _HeadStream(await self._inner.connect_unix_socket(*args, **kwargs))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _PoolTransport(httpx.AsyncBaseTransport):
-    """httpx transport over an httpcore pool whose connections are `_HeadStream`s (public APIs only).
-    Each response carries its `_Body` in `response.extensions[_BODY]`."""
-
-    def __init__(self, max_connections: int) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=max_connections, network_backend=_HeadStreamBackend()
-        )
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        try:
-            response = await self._pool.handle_async_request(core_request)
-        except httpcore.TimeoutException as exc:
-            raise httpx.TimeoutException(str(exc)) from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
-            raise httpx.TransportError(str(exc)) from exc
+    def respond(self, response: httpcore.Response) -> httpx.Response:
         network = response.extensions["network_stream"]
-        if not isinstance(network, _HeadStream):
+        if not isinstance(network, LinkStream):
             raise httpx.TransportError(f"unexpected network stream {type(network).__name__}")
         body = _Body(response.stream, network, _content_length(response.headers))
         return httpx.Response(
@@ -155,9 +75,6 @@ class _PoolTransport(httpx.AsyncBaseTransport):
             stream=body,
             extensions={**response.extensions, _BODY: body},
         )
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -172,13 +89,13 @@ class _Body(httpx.AsyncByteStream):
 
     `readinto(view)` is the fast path for a Content-Length body, for one reader that uses nothing
     else: it receives body bytes straight from the socket into the caller's buffer, never past the
-    Content-Length (`_HeadStream` left them all there). `readinto` has no timeout of its own: the
+    Content-Length (the `LinkStream` left them all there). `readinto` has no timeout of its own: the
     caller bounds it. Afterwards httpcore closes the connection (h11 never saw the end of the body).
     """
 
-    def __init__(self, inner: Any, network: _HeadStream, length: int | None) -> None:
+    def __init__(self, inner: Any, network: LinkStream, length: int | None) -> None:
         self._inner = inner
-        self._socket = network.get_extra_info("socket")
+        self._network = network
         self._remaining = length
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -198,8 +115,8 @@ class _Body(httpx.AsyncByteStream):
         if not self._remaining or not view:
             return 0
         try:
-            n = await self._socket.recv_into(view[: self._remaining])
-        except (OSError, trio.ClosedResourceError) as exc:
+            n = await self._network.recv_into(view[: self._remaining])
+        except (OSError, trio.ClosedResourceError, TransportError) as exc:
             raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
         if n == 0:
             raise httpx.RemoteProtocolError(f"connection closed with {self._remaining} body bytes to come")
@@ -231,6 +148,8 @@ class BlobClient:
         min_rate: float = 0.0,
         grace: float = 10.0,
         max_connections: int = 64,
+        credentials: Credentials | None = None,
+        membership: bytes = b"",
     ) -> None:
         self.store = store
         self.counters = counters
@@ -240,11 +159,12 @@ class BlobClient:
         self.timeout = timeout
         self.min_rate = min_rate
         self.grace = grace
+        self.credentials = credentials
         self._spare: list[bytearray] = []
         self._client = httpx.AsyncClient(
-            transport=_PoolTransport(max_connections),
+            transport=_PoolTransport(credentials, max_connections),
             timeout=httpx.Timeout(timeout),
-            headers={PEER_HEADER: local_peer},
+            headers={PEER_HEADER: local_peer, **membership_headers(membership)},
         )
 
     async def __aenter__(self) -> BlobClient:
@@ -307,6 +227,9 @@ class BlobClient:
                 if announced is not None and int(announced) != size:
                     reason = Reason.OVERSIZED if int(announced) > size else Reason.TRUNCATED
                     raise RemoteProtocolError(reason, f"content-length {announced}, announced size {size}")
+                proven = response.extensions["network_stream"].get_extra_info("peer_id")
+                if self.credentials is not None and proven != peer:
+                    raise RemoteProtocolError(Reason.BAD_IDENTITY, f"{url}: the TLS certificate is of {proven}, not {peer}")
                 body: _Body = response.extensions[_BODY]
                 while progress.got < size:
                     waiting = trio.current_time()

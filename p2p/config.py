@@ -55,6 +55,8 @@ class HostConfig:
     agent: str = "diloco/0.1"
     run_config: str = ""  # protocol.runconfig text sent in the hello; a peer's must be equal
     admission: Admission | None = None  # protocol.admission; None becomes an open run's in __post_init__
+    # cleartext on both planes (benchmarks, tests that read the bytes): TLS nodes refuse such a node, and it them
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.gossip is not None and self.gossip.run_id != self.run_id:

@@ -70,6 +70,7 @@ class Connection:
         self._handshake_frames = [0, 0]
         self.opened_at = trio.current_time()
         self.last_recv = self.opened_at
+        self._first_bytes = b""  # the first bytes received (a TLS record where a frame should be: `tls_peer`)
 
     # ---- sending ----------------------------------------------------------------------------------
 
@@ -179,6 +180,8 @@ class Connection:
                 data = await self.stream.receive_some(READ_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise TransportError(f"receive from {self.remote}: {exc!r}", peer=self.peer) from exc
+            if len(self._first_bytes) < 2:
+                self._first_bytes = (self._first_bytes + bytes(data[:2]))[:2]
             self._decoder.receive_data(data)
             if not data:
                 body = self._decoder.next_frame()  # raises TRUNCATED if a partial frame was left
@@ -186,6 +189,10 @@ class Connection:
                     self._count_received(len(body) + 4)
                     return body
                 raise TransportError(f"{self.remote} closed the connection", peer=self.peer)
+
+    def first_bytes_look_like_tls(self) -> bool:
+        """The peer's first bytes are a TLS record header (handshake or alert, version 3.x), not a frame."""
+        return len(self._first_bytes) == 2 and self._first_bytes[0] in (0x15, 0x16) and self._first_bytes[1] == 0x03
 
     def _count_received(self, nbytes: int) -> None:
         self.last_recv = trio.current_time()

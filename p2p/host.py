@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 import logging
 import math
 import os
@@ -30,10 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import trio
 
 from p2p.advertise import choose_advertise_host
 from p2p.blobfetch import BlobClient, LocalBackoff
+from p2p.access import HEALTH_PATH, guard_for, health
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore, default_spill_dir
 from p2p.config import HostConfig
@@ -42,6 +45,8 @@ from p2p.counters import Counters
 from p2p.dials import DialFailures
 from p2p.errors import AddressError, BlobGone, LocalStoreError, TransportError
 from p2p.http import HttpApp, serve_http
+from p2p.httpclient import http_client
+from p2p.tls import Credentials, TlsStream, connect
 from p2p.transport import dial, format_addr, listener_addr, open_listener
 from protocol import signing
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
@@ -87,6 +92,7 @@ class Host:
         self.identity = config.identity
         self.peer_id = config.identity.peer_id
         self.counters = Counters()
+        self.tls = None if config.insecure else Credentials(config.identity)  # None: cleartext (--insecure)
         blobs = Path(config.data_dir) / "blobs"
         self.store = BlobStore(blobs, default_spill_dir(blobs), config.blob_spill_bytes)
         self._local_backoff = LocalBackoff()
@@ -94,6 +100,8 @@ class Host:
         self.blobs = BlobService(self.store, self.counters, chunk_bytes=config.blob_chunk_bytes,
                                  known=lambda peer: peer in self.router.peers)
         self.blobs.mount(self.http)
+        self.http.route("GET", HEALTH_PATH, health)
+        self.http.guard = guard_for(config.admission, tls=self.tls is not None)
         self.gossip_addr = ""
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known
@@ -115,8 +123,21 @@ class Host:
         return self.config.clock()
 
     @property
+    def scheme(self) -> str:
+        """The HTTP plane's URL scheme: https, or http for a node started with --insecure."""
+        return "http" if self.tls is None else "https"
+
+    @property
     def http_url(self) -> str:
-        return f"http://{self.http_addr}"
+        return self.peer_url(self.http_addr)
+
+    def http_client(self, timeout: httpx.Timeout | float = 30.0, **kwargs: object) -> httpx.AsyncClient:
+        """An httpx client for peers' HTTP planes (`peer_url`): our certificate, and our membership in a closed run."""
+        return http_client(self.tls, membership=self.config.admission.credential, timeout=timeout, **kwargs)  # type: ignore[arg-type]
+
+    def peer_url(self, http_addr: str) -> str:
+        """The base URL of a peer's HTTP plane ("host:port" as advertised)."""
+        return f"{self.scheme}://{http_addr}"
 
     async def add_blob(self, data: bytes | memoryview) -> str:
         """Store `data` (hashed and written in a worker thread), serve it, return its hex SHA-256."""
@@ -278,6 +299,7 @@ class Host:
             async with BlobClient(
                 self.store, self.counters, local_peer=self.peer_id, read_bytes=cfg.blob_read_bytes,
                 timeout=cfg.fetch_timeout_s, min_rate=cfg.blob_min_rate, grace=cfg.blob_grace_s,
+                credentials=self.tls, membership=cfg.admission.credential,
             ) as client, trio.open_nursery() as nursery:
                 self._client = client
                 self._nursery = nursery
@@ -288,7 +310,9 @@ class Host:
                 except TransportError as exc:
                     raise AddressError("gossip", str(exc)) from None
                 try:
-                    _, http_port = await nursery.start(serve_http, self.http, cfg.listen_host, cfg.http_port)
+                    _, http_port = await nursery.start(
+                        partial(serve_http, tls=self.tls.http_server if self.tls else None),
+                        self.http, cfg.listen_host, cfg.http_port)
                 except TransportError as exc:
                     raise AddressError("http", str(exc)) from None
                 self.gossip_addr = format_addr(advertise.host, cfg.advertise_gossip_port or listener_addr(listener)[1])
@@ -366,20 +390,28 @@ class Host:
 
     async def _on_inbound(self, stream: trio.SocketStream) -> None:
         remote = format_addr(*stream.socket.getpeername()[:2])
-        await self._run_connection(stream, outbound=False, remote=remote)
+        # the TLS handshake runs inside the gossip handshake's deadline (the first send or receive starts it)
+        link = stream if self.tls is None else TlsStream(stream, self.tls.gossip_server, server_side=True)
+        await self._run_connection(link, outbound=False, remote=remote)
 
     async def _dial(self, action: Dial) -> None:
         self.counters.events["dials"] += 1
         try:
-            stream = await dial(action.address, self.config.dial_timeout_s)
-        except TransportError as exc:
+            if self.tls is None:
+                stream: trio.abc.Stream = await dial(action.address, self.config.dial_timeout_s)
+            else:
+                stream = await connect(action.address, self.tls.gossip_client, self.config.dial_timeout_s,
+                                       expected_peer=action.peer)
+        except (TransportError, RemoteProtocolError) as exc:
+            if isinstance(exc, RemoteProtocolError):
+                self._execute([Reject(action.peer or split_addr(action.address)[0], exc.reason, f"dial {action.address}: {exc.detail}")])
             self.dial_failures.failed(action.address, str(exc), self.now())
             self._execute(self.router.dial_failed(action.address, self.now()))
             return
         await self._run_connection(stream, outbound=True, remote=action.address, dialed=action.address, expected=action.peer)
 
     async def _run_connection(
-        self, stream: trio.SocketStream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
+        self, stream: trio.abc.Stream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
     ) -> None:
         refusal = self._admit(outbound, remote)
         if refusal is not None:
@@ -459,11 +491,12 @@ class Host:
             self.identity, self.router.validator, gossip_addr=self.gossip_addr, http_addr=self.http_addr,
             challenge=signing.new_challenge(), expected_peer=expected, agent=self.config.agent,
             remote_host=split_addr(conn.remote)[0] if conn.remote else None, run_config=self.config.run_config,
-            admission=self.config.admission,
+            admission=self.config.admission, speaks_first=conn.outbound or not self.config.admission.closed,
         )
         try:
             with trio.fail_after(self.config.handshake_timeout_s):
-                await conn.send_direct(handshake.hello)
+                for message in handshake.first_messages():
+                    await conn.send_direct(message)
                 while handshake.state is not State.DONE:
                     frame = await conn.next_frame()
                     for message in handshake.receive_frame(frame, self.now()):
@@ -471,7 +504,11 @@ class Host:
         except RemoteProtocolError as exc:
             # before the Hello, only the remote host is known (not the port: bounded counter keys)
             who = handshake.peer.peer_id if handshake.peer is not None else conn.remote.rpartition(":")[0]
+            if self.tls is None and conn.first_bytes_look_like_tls():
+                exc = RemoteProtocolError(Reason.TLS_PEER, "the peer speaks TLS; this node was started with --insecure")
             self._execute([Reject(who, exc.reason, f"handshake: {exc.detail}")])
+            if handshake.hello_owed:  # an admitted member with other settings: it may still read ours (node.adopt)
+                await self._owed_hello(conn, handshake.hello)
             conn.close(f"handshake refused: {exc.reason.value}")
             if conn.outbound:
                 self.dial_failures.failed(conn.remote, f"handshake refused: {exc}", self.now())
@@ -482,11 +519,24 @@ class Host:
                 self.dial_failures.failed(conn.remote, f"handshake failed: {exc or 'no answer in time'}", self.now())
         else:
             assert handshake.peer is not None
+            proven = conn.stream.peer_id if isinstance(conn.stream, TlsStream) else handshake.peer.peer_id
+            if proven != handshake.peer.peer_id:
+                self._execute([Reject(handshake.peer.peer_id, Reason.BAD_IDENTITY,
+                                      f"handshake: the hello is of {handshake.peer.peer_id}, the TLS certificate of {proven}")])
+                conn.close("handshake refused: bad_identity")
+                return None
             conn.authenticated(handshake.peer.peer_id)
             return handshake.peer
         if conn.outbound and conn.remote:
             self._execute(self.router.dial_failed(conn.remote, self.now()))
         return None
+
+    async def _owed_hello(self, conn: Connection, hello: Hello) -> None:
+        with trio.move_on_after(self.config.goodbye_flush_s):
+            try:
+                await conn.send_direct(hello)
+            except TransportError as exc:
+                log.debug("the owed hello to %s not sent: %s", conn.remote, exc)
 
     async def _read_loop(self, conn: Connection) -> None:
         while True:
@@ -524,7 +574,7 @@ class Host:
         if state is None or not state.info.http_addr:
             return False
         try:
-            await self._client.fetch_once(peer, f"http://{state.info.http_addr}", name, size)
+            await self._client.fetch_once(peer, self.peer_url(state.info.http_addr), name, size)
         except RemoteProtocolError as exc:
             self.counters.blob_fetch_failures += 1
             self.counters.events[f"blob_fetch_failed:{exc.reason.value}"] += 1

@@ -21,7 +21,11 @@ Contract:
   closed (`aclose`) whether it finished, failed or was cut off.
 - The app answers the ASGI lifespan protocol (hypercorn requires it).
 - `serve_http` is a trio service: `await nursery.start(serve_http, app, host, port)` returns the
-  bound `(host, port)`; cancelling the nursery stops the server.
+  bound `(host, port)`; cancelling the nursery stops the server. With `tls=` (a pyOpenSSL context from
+  `p2p.tls.Credentials`) it serves HTTPS only: hypercorn's connection handler runs over `p2p.tls.TlsListener`'s
+  streams, and `Request.peer` is the peer id the client's certificate proved (None: an anonymous client).
+- `HttpApp.guard`, when set, sees every request first (before the rate limits, so refused clients spend none
+  of them) and may answer it instead of the route: a closed run's access check (`p2p.access`).
 """
 
 from __future__ import annotations
@@ -35,14 +39,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 from limits import RateLimitItem
 from limits import parse as parse_limit
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from OpenSSL import SSL
+
 from p2p.errors import TransportError
+from p2p.tls import TlsListener
+from p2p.transport import listener_addr, open_listener
 from protocol.errors import LocalProtocolError
 
 log = logging.getLogger("p2p.http")
@@ -59,6 +72,7 @@ class Request:
     headers: dict[str, str]
     client: tuple[str, int] | None
     body: bytes = b""
+    peer: str | None = None  # the peer id the client's TLS certificate proved (None: anonymous, or cleartext)
 
     def json(self) -> object:
         """The body parsed as JSON. Raises ValueError for anything that is not (bad UTF-8, bad JSON, or
@@ -101,6 +115,8 @@ class HttpApp:
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
         self._total = parse_limit(total) if total else None
         self.throttled: Counter[str] = Counter()  # requests answered 429, by route prefix
+        self.guard: Callable[[Request], Response | None] | None = None  # an answer instead of the route's
+        self.peer_of: Callable[[tuple[str, int] | None], str | None] = lambda _client: None  # set by serve_http
 
     def route(self, method: str, prefix: str, handler: Handler, *, per_client: str | None = None,
               total: str | None = None) -> None:
@@ -138,16 +154,21 @@ class HttpApp:
         if body is None:
             await _send_response(send, receive, Response.text(413, "request body too large\n"))
             return
+        client = tuple(scope["client"]) if scope.get("client") else None
         request = Request(
             method=scope["method"],
             path=scope["path"],
             query=scope.get("query_string", b""),
             headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]},
-            client=tuple(scope["client"]) if scope.get("client") else None,
+            client=client,
             body=body,
+            peer=self.peer_of(client),
         )
         found = self._find(request.method, request.path)
-        if found is None:
+        refusal = self.guard(request) if self.guard is not None else None
+        if refusal is not None:
+            response = refusal
+        elif found is None:
             response = Response.text(404, "not found\n")
         elif not self._allowed(found, request.client):
             response = Response(429, b"too many requests\n", {"retry-after": "1"})
@@ -232,10 +253,14 @@ def _hypercorn_config(host: str, port: int) -> HypercornConfig:
 
 
 async def serve_http(
-    app: HttpApp, host: str, port: int, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    app: HttpApp, host: str, port: int, *, tls: SSL.Context | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `app` on `host:port` (port 0 picks one) until cancelled; reports the bound address.
-    Raises TransportError if it cannot listen there (address in use, not an address of this host)."""
+    """Serve `app` on `host:port` (port 0 picks one) until cancelled, over TLS with `tls`; reports the bound
+    address. Raises TransportError if it cannot listen there (address in use, not an address of this host)."""
+    if tls is not None:
+        await _serve_tls(app, host, port, tls, task_status)
+        return
     try:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(serve, app, _hypercorn_config(host, port))
@@ -248,6 +273,26 @@ async def serve_http(
             raise
         exc = _first_leaf(bind_errors)
         raise TransportError(f"cannot listen on {_hypercorn_config(host, port).bind[0]}: {exc.strerror or exc}") from None
+
+
+async def _serve_tls(app: HttpApp, host: str, port: int, context: SSL.Context,
+                     task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+    """hypercorn's HTTP/1.1 connection handler over our TLS streams: its own TLS is Python's `ssl`, which cannot
+    check a libp2p certificate (`p2p.tls`). The ASGI lifespan is skipped: the app keeps no state across it."""
+    listener = await open_listener(host, port)
+    tls_listener = TlsListener(listener, context)
+    app.peer_of = tls_listener.peer_of
+    config = _hypercorn_config(host, port)
+    config.set_statsd_logger_class(StatsdLogger)
+    context_ = WorkerContext(None)
+    wrapped = ASGIWrapper(app)
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        await TCPServer(wrapped, config, context_, ConnectionState({}), stream).run()  # type: ignore[arg-type]
+
+    async with tls_listener, trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, [tls_listener])
+        task_status.started(listener_addr(listener))
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

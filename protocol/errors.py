@@ -30,6 +30,10 @@ class Reason(enum.StrEnum):
     BAD_IDENTITY = "bad_identity"
     BAD_HANDSHAKE = "bad_handshake"
     BAD_ADDRESS = "bad_address"
+    # the link (p2p.tls)
+    BAD_CERTIFICATE = "bad_certificate"  # a TLS certificate that proves no peer id (the libp2p TLS rules)
+    CLEARTEXT_PEER = "cleartext_peer"  # a peer speaking cleartext (--insecure) to a node that requires TLS
+    TLS_PEER = "tls_peer"  # a peer speaking TLS to a node started with --insecure
     # peer standing
     PEER_BANNED = "peer_banned"
     # application checks

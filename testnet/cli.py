@@ -140,6 +140,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
       help="model/data/optimizer override for every node and the baseline alike, e.g. --set inner.lr=1e-3 "
            "(repeatable; keys as in diloco-node --set)")
+    a("--insecure", action="store_true",
+      help="start the nodes with --insecure: cleartext gossip and HTTP instead of TLS 1.3 (for benchmarks)")
     a("--node-arg", action="append", default=[], metavar="ARG", help="extra argument for every node (repeatable)")
     a("--jax-cache", default="auto", metavar="DIR",
       help="JAX compilation cache shared by the nodes, so restarts skip compiling (default auto = OUT/jax-cache; "
@@ -188,7 +190,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    slow=tuple(ns.slow), partition=tuple(ns.partition), misbehave=tuple(ns.misbehave), wan=ns.wan,
                    baseline=ns.baseline, solo_seconds=ns.solo_seconds, out=ns.out, progress=ns.progress,
                    start_timeout=ns.start_timeout, stop_grace=ns.stop_grace, poll_interval=ns.poll_interval,
-                   node_args=tuple(ns.node_arg), overrides=tuple(ns.overrides), plan_only=ns.plan_only,
+                   node_args=tuple(ns.node_arg), insecure=ns.insecure, overrides=tuple(ns.overrides), plan_only=ns.plan_only,
                    pin_cpus=ns.pin_cpus)
 
 

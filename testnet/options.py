@@ -45,6 +45,7 @@ class Options:
     stop_grace: float = 20.0
     poll_interval: float = 1.0
     node_args: tuple[str, ...] = ()
+    insecure: bool = False  # the nodes' --insecure: cleartext links (TLS 1.3 otherwise)
     overrides: tuple[str, ...] = ()
     jax_cache: str = "auto"
     pin_cpus: bool = True  # each node on an equal share of the cores (`testnet.cpus`)

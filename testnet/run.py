@@ -75,7 +75,7 @@ async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: Fa
                      partitioner=NetnsPartitioner(network) if network else ChaosPartitioner(),
                      allows=network.allows if network else is_loopback, registry=registry,
                      notify=progress.notify, on_poll=progress.refresh, bootstrap=bootstrap,
-                     plan_from_ready=plan_from_ready, until_steps=until_steps)
+                     plan_from_ready=plan_from_ready, until_steps=until_steps, insecure=o.insecure)
     try:
         with progress:
             await sup.run(plan)
@@ -202,7 +202,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                 eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
                 outer_momentum=o.outer_momentum,
                 overrides=o.config_overrides(), allow_chaos=bool(plan.partitions) and network is None,
-                extra_args=o.node_args)
+                extra_args=(*o.node_args, *(("--insecure",) if o.insecure else ())))
             return lambda spec, gp, hp, peers: node_argv(spec, settings, gossip_port=gp, http_port=hp, peers=peers)
 
         builder = argv_builder or default_builder

@@ -44,6 +44,7 @@ import httpx
 import trio
 
 from node.status import LAST_STATUS
+from p2p.httpclient import operator_client
 from testnet.faults import FaultPlan, Partition
 from testnet.nodes import NodeSpec
 from testnet.procs import (GroupRegistry, LineReader, Listening, NodeStartError, drain_to_log, spawn,
@@ -131,7 +132,8 @@ class Supervisor:
                  allows: Callable[[str], bool] = is_loopback, notify: Callable[[str], None] = lambda s: None,
                  on_poll: Callable[[list[NodeHandle]], None] = lambda handles: None, bootstrap: bool = True,
                  registry: GroupRegistry | None = None, plan_from_ready: bool = False,
-                 until_steps: int | None = None) -> None:
+                 until_steps: int | None = None, insecure: bool = False) -> None:
+        """`insecure`: the nodes were started with --insecure (their HTTP planes are http, not https)."""
         self.handles = [NodeHandle(spec) for spec in specs]
         self.plan_from_ready, self.until_steps = plan_from_ready, until_steps
         self._everyone_ready = trio.Event()
@@ -148,7 +150,8 @@ class Supervisor:
         self._nursery: trio.Nursery | None = None
         self._plan_scope = trio.CancelScope()  # cancelled when the run ends early (`_end_early`)
         self._ended_because = ""
-        self.client: httpx.AsyncClient = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
+        self.scheme = "http" if insecure else "https"
+        self.client: httpx.AsyncClient = operator_client(insecure=insecure, timeout=httpx.Timeout(3.0))
         self.t0 = 0.0  # Unix time of node 0's launch
         self._trio_t0 = 0.0
         self._plan_t0 = 0.0  # where the plan's times count from, on the trio clock
@@ -160,7 +163,7 @@ class Supervisor:
         listening = self.handles[node].listening
         if listening is None:
             raise RuntimeError(f"node {node} has no HTTP address yet")
-        return f"http://{listening.http}{path}"
+        return f"{self.scheme}://{listening.http}{path}"
 
     def elapsed(self) -> float:
         return trio.current_time() - self._trio_t0

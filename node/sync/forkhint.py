@@ -48,6 +48,8 @@ class ForkHintRoute:
                 raise TypeError("peer must be a peer id string")
         except (ValueError, KeyError, TypeError) as exc:
             return Response.text(400, f"bad compare request (expected {{\"peer\": \"<peer id>\"}}): {exc}\n")
+        if request.peer is not None and peer != request.peer:
+            return Response.text(403, f"a hint names its sender: {peer} is not the certificate's {request.peer}\n")
         if peer not in self.host.connected_peers():
             return Response.text(404, f"{peer} is not a connected peer\n")
         queue = self.peers_to_compare()
@@ -58,12 +60,12 @@ class ForkHintRoute:
         return Response(202, json.dumps({"queued": peer}).encode(), {"content-type": "application/json"})
 
 
-async def send_fork_hint(http_addr: str, own_peer_id: str) -> bool:
-    """Ask the node serving `http_addr` to compare with us; True if it queued the comparison. Never raises
-    (a hint that does not arrive is sent again after our next comparison with that peer)."""
+async def send_fork_hint(host: Host, http_addr: str, peer: str | None = None) -> bool:
+    """Ask the node serving `http_addr` to compare with `peer` (us by default); True if it queued the comparison.
+    Never raises (a hint that does not arrive is sent again after our next comparison with that peer)."""
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
-            response = await client.post(f"http://{http_addr}{COMPARE_PATH}", json={"peer": own_peer_id})
+        async with host.http_client(httpx.Timeout(5.0)) as client:
+            response = await client.post(f"{host.peer_url(http_addr)}{COMPARE_PATH}", json={"peer": peer or host.peer_id})
     except httpx.HTTPError as exc:
         log.info("fork hint to %s not sent: %s", http_addr, exc)
         return False

@@ -109,7 +109,7 @@ async def fetch_manifest(client: httpx.AsyncClient, host: Host, run_id: str, pee
     """`peer`'s verified manifest (schema, run id, signature, origin = `peer`), or None (logged).
     Raises `PeerSyncing` if the peer answers that it has no state yet."""
     try:
-        response = await client.get(f"http://{http_addr}{STATE_PATH}")
+        response = await client.get(f"{host.peer_url(http_addr)}{STATE_PATH}")
     except httpx.HTTPError as exc:
         log.info("state of %s: %s", peer, exc)
         return None
@@ -193,7 +193,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     refused: set[str] = set()
     try:
         with trio.move_on_at(deadline):  # a download in flight at the deadline is cut short too
-            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+            async with host.http_client(httpx.Timeout(30.0, connect=5.0)) as client:
                 while trio.current_time() < deadline:
                     if not host.connected_peers():
                         waiting(_no_peer(host))

@@ -76,7 +76,7 @@ async def _fetch_meta(host: Host, replica: Replica, run_id: str, peer: str,
                       http_addr: str) -> tuple[StateManifest, StateMeta, LedgerView] | None:
     """`peer`'s verified manifest, its verified meta and the meta's view, or None (logged; a bad one is
     counted against the peer)."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+    async with host.http_client(httpx.Timeout(30.0, connect=5.0)) as client:
         try:
             manifest = await fetch_manifest(client, host, run_id, peer, http_addr)
         except PeerSyncing:
@@ -136,7 +136,7 @@ async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
 async def _vouchers(host: Host, replica: Replica, run_id: str, manifest: StateManifest) -> list[StateManifest]:
     """The verified manifests of the other connected peers (none held off for a refused state) that sign
     the state of `manifest`: the same slot and ledger digest (which covers the whole state)."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+    async with host.http_client(httpx.Timeout(30.0, connect=5.0)) as client:
         manifests, _ = await fetch_manifests(client, host, run_id)
     return [m for m in manifests if m.origin != manifest.origin and not replica.guard.refused_recently(m.origin)
             and (m.slot, m.ledger_digest) == (manifest.slot, manifest.ledger_digest)]
@@ -205,5 +205,5 @@ async def pull_missing(host: Host, replica: Replica, run_id: str, peer: str, htt
     log.warning("repair from %s (its slot %d): histories forked and ours is heavier (%s vs %s): keeping ours; "
                 "%d of its updates added, %d of its ids orphaned; asking it to compare with us", peer,
                 manifest.slot, _key(ours_key), _key(theirs_key), added, ignored)
-    await send_fork_hint(http_addr, host.peer_id)  # the lighter side must adopt ours (node.sync.forkhint)
+    await send_fork_hint(host, http_addr)  # the lighter side must adopt ours (node.sync.forkhint)
     return RepairResult(added, unplaced, ignored, "kept", payloads)

@@ -166,7 +166,7 @@ async def fetch_bottom(download: BottomDownload, donors: Sequence[Donor], host: 
     queue = _Queue(download.missing)
     dropped: dict[str, str] = {}
     local: list[OSError] = []  # a local file error ends the whole download
-    url = {d.peer: f"http://{d.http_addr}{BOTTOM_PREFIX}{download.name}/" for d in donors}
+    url = {d.peer: f"{host.peer_url(d.http_addr)}{BOTTOM_PREFIX}{download.name}/" for d in donors}
 
     def drop(peer: str, why: str) -> None:
         if peer not in dropped:
@@ -204,7 +204,7 @@ async def fetch_bottom(download: BottomDownload, donors: Sequence[Donor], host: 
             queue.notify()
 
     headers = {PEER_HEADER: host.peer_id}
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers) as client:
+    async with host.http_client(httpx.Timeout(timeout_s, connect=5.0), headers=headers) as client:
         async with trio.open_nursery() as nursery:
             for donor in donors:
                 for _ in range(per_donor):

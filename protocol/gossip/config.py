@@ -32,6 +32,9 @@ DEFAULT_PENALTIES: dict[Reason, float] = {
     Reason.BAD_IDENTITY: 40.0,
     Reason.BAD_HANDSHAKE: 200.0,
     Reason.BAD_ADDRESS: 0.0,  # a misconfigured peer, not a hostile one: its handshake is refused, or the address skipped
+    Reason.BAD_CERTIFICATE: 200.0,  # refused in the TLS handshake, before any peer id is proven (keyed by host)
+    Reason.CLEARTEXT_PEER: 0.0,  # misconfigured (--insecure on one side), not hostile: refused at the link
+    Reason.TLS_PEER: 0.0,
     Reason.PEER_BANNED: 0.0,
     Reason.BAD_SLOT: 10.0,
     Reason.TOO_STALE: 0.0,

@@ -12,6 +12,12 @@ challenges, the signer's addresses. Run id and version are checked on the Hello,
     FAILED/DONE   anything         LocalProtocolError (caller bug)
 
 Any RemoteProtocolError moves to FAILED: the caller counts the reason and closes the connection.
+
+A closed run's node that accepts a connection speaks second (`speaks_first=False`): it sends nothing
+until the dialer's Hello shows a membership that admits it (PROTOCOL.md section 7b), so an outsider who
+connects learns nothing of the run, not even its configuration. Its Hello then goes out before any other
+check of the dialer's Hello (`hello_owed` stays true if such a check refuses the dialer: the caller sends
+it before closing, so a member with other settings still reads the run's configuration, `node.adopt`).
 """
 
 from __future__ import annotations
@@ -57,8 +63,11 @@ class Handshake:
         remote_host: str | None = None,
         run_config: str = "",
         admission: Admission | None = None,
+        speaks_first: bool = True,
     ) -> None:
         self.identity = identity
+        self.speaks_first = speaks_first
+        self.hello_owed = False  # a Hello we must still send (speaking second, once the dialer is admitted)
         self.admission = admission
         self.validator = validator
         self.expected_peer = expected_peer
@@ -83,6 +92,10 @@ class Handshake:
             raise LocalProtocolError("handshake not complete")
         return PeerInfo(self.peer.peer_id, self.peer.gossip_addr, self.peer.http_addr)
 
+    def first_messages(self) -> list[Message]:
+        """What to send before anything arrives: our Hello, unless we speak second."""
+        return [self.hello] if self.speaks_first else []
+
     def receive_frame(self, data: bytes, now: float) -> list[Message]:
         """Advance on one frame body; returns the messages to send. Raises RemoteProtocolError."""
         if self.state in (State.DONE, State.FAILED):
@@ -99,13 +112,16 @@ class Handshake:
                 # a closed run's outsider is `not_admitted`, before its configuration (which names another
                 # founder, or none) would make it a `config_mismatch`
                 self.admission.check_peer(message.peer_id, message.membership)
+            if not self.speaks_first:  # admitted (or an open run): our Hello is owed, whatever else is checked
+                self.hello_owed = (message.version, message.run_id) == (self.hello.version, self.hello.run_id)
             signing.check_hello(message, self.hello)
             if self.expected_peer is not None and message.peer_id != self.expected_peer:
                 raise RemoteProtocolError(Reason.BAD_IDENTITY, f"expected {self.expected_peer}, got {message.peer_id}")
             self._check_addresses(message)
             self.peer = message
             self.state = State.AWAIT_PROOF
-            return [signing.make_hello_proof(self.identity, self.hello, message)]
+            owed, self.hello_owed = self.hello_owed, False
+            return [*([self.hello] if owed else []), signing.make_hello_proof(self.identity, self.hello, message)]
         if self.state is State.AWAIT_PROOF and type(message) is HelloProof:
             assert self.peer is not None
             signing.verify_hello_proof(message, self.hello, self.peer)

@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 
 import p2p
+from p2p.tlscert import pem
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
 
@@ -70,6 +72,7 @@ class NodeProc:
         self.peer_id = self.gossip = self.http = ""
         self.stdout: list[str] = []
         self.proc: subprocess.Popen | None = None
+        self._tls_client: ssl.SSLContext | None = None
         self.start()
 
     @property
@@ -117,7 +120,22 @@ class NodeProc:
         _, self.peer_id, self.gossip, self.http = self.wait_line("LISTENING ", timeout).split()
 
     def status(self) -> dict[str, Any]:
-        return httpx.get(f"http://{self.http}/status", timeout=10.0).json()
+        """GET /status as the node itself: a TLS client certificate of its own key (a closed run's plane answers
+        its own peer id), read with Python's ssl (what curl or a browser uses)."""
+        if "--insecure" in self.args:
+            return httpx.get(f"http://{self.http}/status", timeout=10.0).json()
+        return httpx.get(f"https://{self.http}/status", timeout=10.0, verify=self.tls_client()).json()
+
+    def tls_client(self) -> ssl.SSLContext:
+        if self._tls_client is None:
+            pem_file = self.home / "client.pem"
+            pem_file.write_bytes(pem(Identity.load(self.home / "key")))
+            pem_file.chmod(0o600)
+            self._tls_client = ssl.create_default_context()
+            self._tls_client.check_hostname = False
+            self._tls_client.verify_mode = ssl.CERT_NONE  # a node's certificate is self-signed (libp2p's scheme)
+            self._tls_client.load_cert_chain(pem_file)
+        return self._tls_client
 
     def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

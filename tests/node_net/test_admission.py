@@ -9,17 +9,22 @@ saying the run is closed and what to do."""
 from __future__ import annotations
 
 import os
+import ssl
 
+import httpx
 import trio
 from node_net_helpers import RUN_ID
 
+from p2p.errors import TransportError
+from p2p.tls import Credentials
+from p2p.tls import connect as tls_connect
+from p2p.tlscert import pem
 from protocol import wire
 from protocol.admission import grant
 from protocol.errors import RemoteProtocolError
 from protocol.framing import FrameDecoder, frame
 from protocol.gossip import Handshake
 from protocol.identity import Identity
-from protocol.messages import split_addr
 from protocol.validation import Validator
 
 COMMON = ["--inner-steps", "5", "--heartbeat", "0.5", "--eval-every", "0", "--sync-timeout", "5", "--slowdown", "20"]
@@ -28,17 +33,17 @@ START_S = 180.0
 
 async def _handshake_without_membership(address: str, run_config: str) -> str:
     """Dial `address` with a fresh key, the run's configuration and no membership; how the node answered."""
-    host, port = split_addr(address)
-    stream = await trio.open_tcp_stream(host, port)
+    identity = Identity.generate()
+    stream = await tls_connect(address, Credentials(identity).gossip_client, 10.0)
     try:
-        return await _converse(stream, run_config)
-    except (trio.BrokenResourceError, OSError):
+        return await _converse(stream, identity, run_config)
+    except (trio.BrokenResourceError, OSError, TransportError):
         return "closed"  # reset while we were still sending: the node refused us first
 
 
-async def _converse(stream: trio.SocketStream, run_config: str) -> str:
+async def _converse(stream: trio.abc.Stream, identity: Identity, run_config: str) -> str:
     async with stream:
-        handshake = Handshake(Identity.generate(), Validator(RUN_ID), gossip_addr="", http_addr="",
+        handshake = Handshake(identity, Validator(RUN_ID), gossip_addr="", http_addr="",
                               challenge=os.urandom(32), run_config=run_config)
         await stream.send_all(frame(wire.encode(handshake.hello)))
         decoder = FrameDecoder()
@@ -54,6 +59,16 @@ async def _converse(stream: trio.SocketStream, run_config: str) -> str:
                             await stream.send_all(frame(wire.encode(reply)))
                     except RemoteProtocolError as exc:
                         return f"refused: {exc.reason.value}"
+
+
+def _tls_client(pem_file) -> ssl.SSLContext:
+    """Python's ssl as curl -k is: no check of the node's self-signed certificate; a client certificate if given."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if pem_file is not None:
+        context.load_cert_chain(pem_file)
+    return context
 
 
 def test_a_closed_run_trains_with_its_members_and_refuses_every_other_key(cluster, tmp_path) -> None:
@@ -72,13 +87,23 @@ def test_a_closed_run_trains_with_its_members_and_refuses_every_other_key(cluste
     for node in (member, outsider):
         node.wait_listening(START_S)
     assert adopting.wait_exit(120.0) == 2
-    assert "the run is closed by founder" in adopting.log_path.read_text() and "--membership" in adopting.log_path.read_text()
+    # the founder speaks second, to members only: the joiner learns nothing of the run but to get a membership
+    assert "answer only its members" in adopting.log_path.read_text() and "--membership" in adopting.log_path.read_text()
     member.wait_status(lambda s: s["round"] >= 3 and founder.peer_id in s["peers"], START_S, "the member training")
     founder.wait_log(f"fetched blob [0-9a-f]+ \\([0-9]+ bytes\\) from {member.peer_id}", 60.0)  # the member's update
     status = founder.status()
     assert status["admission"] == {"closed": True, "founder": keys["founder"].peer_id}
     assert member.status()["admission"] == status["admission"]
     assert member.status()["run_config_hash"] == status["run_config_hash"]
+    # the HTTP plane (PROTOCOL.md section 7b): /health for anyone; the rest only for members' certificates
+    stranger = tmp_path / "stranger.pem"
+    stranger.write_bytes(pem(Identity.generate()))
+    for client in (_tls_client(None), _tls_client(stranger)):  # anonymous (curl -k), a valid certificate
+        assert httpx.get(f"https://{founder.http}/health", verify=client, timeout=10).text == "ok\n"
+        for path in ("/status", "/state", "/metrics", f"/blobs/{'0' * 64}"):
+            refused_read = httpx.get(f"https://{founder.http}{path}", verify=client, timeout=10)
+            assert refused_read.status_code == 403 and "members only" in refused_read.text, path
+    assert httpx.get(f"https://{founder.http}/state", verify=member.tls_client(), timeout=10).status_code == 200
 
     founder.wait_status(lambda s: s["updates_rejected"].get("not_admitted", 0) >= 1, 60.0, "the outsider refused")
     refused = founder.status()["updates_rejected"]["not_admitted"]

@@ -31,7 +31,7 @@ async def test_post_chaos_cuts_a_peer_for_the_given_seconds_then_it_comes_back(t
             b = await nursery.start(p2p.run, host_config(tmp_path, "b", (a.gossip_addr,)))
             ChaosRoute(a).mount()
             await wait_for(lambda: b.peer_id in a.connected_peers(), 10, "the connection")
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=False) as client:
                 bad = await client.post(f"{a.http_url}/chaos", json={"block_peers": "x", "seconds": 1})
                 assert bad.status_code == 400
                 ok = await client.post(f"{a.http_url}/chaos", json={"block_peers": [b.peer_id], "seconds": 1.5})

@@ -26,6 +26,8 @@ import trio
 
 from node.status import CachedBody
 from node_net_helpers import RUN_ID
+from p2p.errors import TransportError
+from p2p.tls import Credentials, TlsStream
 from protocol import wire
 from protocol.errors import RemoteProtocolError
 from protocol.framing import FrameDecoder, frame
@@ -53,10 +55,11 @@ class Flood:
 async def keyed_peer(source: str, target: str, run_config: str, flood: Flood) -> None:
     """One fresh key: handshake from `source`, then heartbeats (and read everything) until dropped; again."""
     identity = Identity.generate()
+    tls = Credentials(identity).gossip_client
     host, port = split_addr(target)
     while True:
         try:
-            stream = await trio.open_tcp_stream(host, port, local_address=source)
+            stream = TlsStream(await trio.open_tcp_stream(host, port, local_address=source), tls, server_side=False)
         except OSError:
             await trio.sleep(0.25)
             continue
@@ -91,7 +94,7 @@ async def keyed_peer(source: str, target: str, run_config: str, flood: Flood) ->
                     while True:
                         await next_frame()
         except (OSError, EOFError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                RemoteProtocolError, BaseExceptionGroup):
+                RemoteProtocolError, TransportError, BaseExceptionGroup):
             pass
         finally:
             flood.keyed.discard(identity.peer_id)
@@ -137,7 +140,7 @@ async def hold_half_open(source: str, target: str, flood: Flood) -> None:
 
 
 async def status_of(client: httpx.AsyncClient, node) -> dict:
-    return (await client.get(f"http://{node.http}/status", timeout=10.0)).json()
+    return (await client.get(f"https://{node.http}/status", timeout=10.0)).json()
 
 
 async def until(predicate, timeout: float, what: str) -> None:
@@ -153,7 +156,7 @@ async def test_a_joiner_connects_to_a_founder_flooded_by_idle_sockets_and_keys(c
     await trio.to_thread.run_sync(founder.wait_listening, START_S)
     flood = Flood()
     latencies: list[float] = []
-    async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+    async with httpx.AsyncClient(verify=False) as client, trio.open_nursery() as nursery:
         run_config = (await status_of(client, founder))["run_config"]
         for k in range(KEYS):
             nursery.start_soon(keyed_peer, SOURCES[k % len(SOURCES)], founder.gossip, run_config, flood)
@@ -178,7 +181,7 @@ async def test_a_joiner_connects_to_a_founder_flooded_by_idle_sockets_and_keys(c
             while True:
                 t0 = time.monotonic()
                 with trio.move_on_after(10):
-                    await client.get(f"http://{founder.http}/status", timeout=10.0)
+                    await client.get(f"https://{founder.http}/status", timeout=10.0)
                 latencies.append(time.monotonic() - t0)
                 await trio.sleep(0.2)
 

@@ -29,15 +29,15 @@ async def test_a_hint_queues_a_connected_peer_and_refuses_anything_else(tmp_path
             b = await nursery.start(p2p.run, host_config(tmp_path, "b", (a.gossip_addr,)))
             ForkHintRoute(a, lambda: to_compare if replica_ready else None).mount()
             await wait_for(lambda: b.peer_id in a.connected_peers(), 10, "the connection")
-            a_http = a.http_url.removeprefix("http://")
-            assert not await send_fork_hint(a_http, b.peer_id), "no replica yet: 503"
+            a_http = a.http_addr
+            assert not await send_fork_hint(b, a_http), "no replica yet: 503"
             assert to_compare == set()
             replica_ready = True
-            assert await send_fork_hint(a_http, b.peer_id)
+            assert await send_fork_hint(b, a_http)
             assert to_compare == {b.peer_id}
-            assert not await send_fork_hint(a_http, "12D3KooWnotconnected"), "only connected peers"
+            assert not await send_fork_hint(b, a_http, "12D3KooWnotconnected"), "only the sender itself"
             assert to_compare == {b.peer_id}
-            async with httpx.AsyncClient() as client:
+            async with b.http_client() as client:
                 bad = await client.post(f"{a.http_url}{COMPARE_PATH}", content=b"not json")
                 assert bad.status_code == 400 and "bad compare request" in bad.text
                 wrong = await client.post(f"{a.http_url}{COMPARE_PATH}", json={"peer": 7})
@@ -46,4 +46,4 @@ async def test_a_hint_queues_a_connected_peer_and_refuses_anything_else(tmp_path
                 assert deep.status_code == 400 and "nested too deeply" in deep.text  # not a 500
             await b.close()
             await a.close()
-    assert not await send_fork_hint("127.0.0.1:9", "x"), "nobody listening: False, no exception"
+    assert not await send_fork_hint(b, "127.0.0.1:9"), "nobody listening: False, no exception"

@@ -61,7 +61,7 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
             for node in others:
                 await nursery.start(node.run)
             await wait_for(lambda: a.stats.round >= 2 and len(a.host.connected_peers()) == 3, 120, "a at round 2")
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=False) as client:
                 status = (await client.get(f"{a.host.http_url}/status")).json()
                 metrics = (await client.get(f"{a.host.http_url}/metrics")).text
             assert CONTRACT_FIELDS <= set(status)

@@ -141,7 +141,7 @@ async def test_a_corrupted_piece_is_refused_and_counted_and_the_honest_donor_ser
         async with trio.open_nursery() as nursery:
             cluster = Cluster(nursery, tmp_path)
             bad, honest = [await cluster.donor(f"d{i}", r) for i, r in enumerate(replicas)]
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=False) as client:
                 assert (await client.get(f"{bad.http_url}/state")).status_code == 200  # its bottom is frozen now
             [frozen] = list(cluster.servers[0].bottoms.directory.glob("*.bottom"))
             size = frozen.stat().st_size
@@ -182,7 +182,7 @@ async def test_a_download_cut_short_is_resumed_without_fetching_verified_pieces_
             cluster = Cluster(nursery, tmp_path)
             first, second = [await cluster.donor(f"d{i}", r) for i, r in enumerate(replicas)]
             joiner = await cluster.joiner()
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=False) as client:
                 manifests, _ = await fetch_manifests(client, joiner, RUN)
             [choice] = choose(manifests)
             by_origin = {m.origin: m for m in choice.manifests}
@@ -218,7 +218,7 @@ async def test_piece_urls_answer_400_for_a_malformed_path_and_404_for_what_is_no
         async with trio.open_nursery() as nursery:
             cluster = Cluster(nursery, tmp_path)
             donor = await cluster.donor("d", replica)
-            async with httpx.AsyncClient(base_url=donor.http_url) as client:
+            async with httpx.AsyncClient(base_url=donor.http_url, verify=False) as client:
                 assert (await client.get("/state")).status_code == 200
                 [frozen] = [p.stem for p in cluster.servers[0].bottoms.directory.glob("*.bottom")]
                 assert (await client.get(f"/state/bottom/{frozen}/0")).status_code == 200
@@ -252,7 +252,7 @@ async def test_a_joiner_takes_its_bootstrap_peers_state_before_a_fresher_one_two
                 server.replica = r
                 sybils.append(host)
             await wait_for(lambda: len(joiner.connected_peers()) == 3, 10, "the joiner connected to all three")
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=False) as client:
                 manifests, _ = await fetch_manifests(client, joiner, RUN)
             assert set(choose(manifests)[0].confirmed_by) == {s.peer_id for s in sybils}  # what it would take
             assert bootstrap_peers(joiner) == {honest.peer_id}

@@ -10,7 +10,10 @@ from pathlib import Path
 import trio
 
 from p2p.config import HostConfig
+from p2p.errors import TransportError
 from p2p.host import Host, run
+from p2p.tls import Credentials
+from p2p.tls import connect as tls_connect
 from protocol import wire
 from protocol.admission import Admission
 from protocol.framing import FrameDecoder, frame
@@ -60,9 +63,10 @@ def publish_kwargs(payload: bytes) -> dict[str, object]:
 
 
 class RawPeer:
-    """A hand-driven TCP peer: it can complete a real handshake, then send any bytes at all."""
+    """A hand-driven peer over TLS with its own certificate (cleartext with `insecure=True`): it can complete
+    a real handshake, then send any bytes at all inside the link."""
 
-    def __init__(self, stream: trio.SocketStream, identity: Identity, run_id: str = RUN) -> None:
+    def __init__(self, stream: trio.abc.Stream, identity: Identity, run_id: str = RUN) -> None:
         self.stream = stream
         self.identity = identity
         self.run_id = run_id
@@ -71,10 +75,15 @@ class RawPeer:
         self.http_addr = ""
 
     @classmethod
-    async def connect(cls, address: str, identity: Identity | None = None, run_id: str = RUN) -> RawPeer:
-        host, port = address.rsplit(":", 1)
-        stream = await trio.open_tcp_stream(host, int(port))
-        return cls(stream, identity or Identity.generate(), run_id)
+    async def connect(cls, address: str, identity: Identity | None = None, run_id: str = RUN, *,
+                      insecure: bool = False) -> RawPeer:
+        identity = identity or Identity.generate()
+        if insecure:
+            host, port = address.rsplit(":", 1)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, int(port))
+        else:
+            stream = await tls_connect(address, Credentials(identity).gossip_client, 5.0)
+        return cls(stream, identity, run_id)
 
     async def handshake(self, now: float, http_addr: str = "", admission: Admission | None = None) -> Handshake:
         hs = Handshake(self.identity, Validator(self.run_id), gossip_addr="", http_addr=http_addr,
@@ -109,7 +118,7 @@ class RawPeer:
         while True:
             try:
                 await self.next_frame()
-            except (EOFError, trio.BrokenResourceError):
+            except (EOFError, trio.BrokenResourceError, TransportError):
                 return
 
     async def next_message(self, kind: type) -> AnyMessage:

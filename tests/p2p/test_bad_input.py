@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import os
 import random
+from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
 from p2p_helpers import RawPeer, fast_gossip, host_config, publish_kwargs, start, update_header, wait_for
 
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore
 from p2p.counters import Counters
+from p2p.errors import TransportError
 from p2p.host import Host
 from p2p.http import HttpApp, serve_http
+from p2p.tls import Credentials
 from protocol import signing
 from protocol.errors import Reason
 from protocol.framing import MAX_FRAME_SIZE
@@ -66,8 +70,7 @@ async def test_framing_attacks_are_counted_and_close_the_connection(tmp_path: Pa
             raw = await RawPeer.connect(node.gossip_addr)  # handshake, then half a frame and EOF
             await raw.handshake(node.now())
             await raw.send_raw((100).to_bytes(4, "big") + b"y" * 50)
-            await raw.stream.send_eof()
-            await raw.wait_closed()
+            await raw.stream.aclose()  # TLS close_notify, then FIN: the end of the stream inside a frame
 
             await wait_for(lambda: node.counters.rejections[Reason.TRUNCATED] >= 1, what="the truncated frame")
             rejected = node.counters.rejections
@@ -161,8 +164,10 @@ async def test_a_blob_with_the_wrong_hash_is_refused_and_fetched_from_an_honest_
             evil_store.path(name).write_bytes(os.urandom(len(payload)))
             app = HttpApp()
             BlobService(evil_store, Counters()).mount(app)
-            http_host, http_port = await nursery.start(serve_http, app, "127.0.0.1", 0)
-            raw = await RawPeer.connect(node.gossip_addr, Identity.generate())
+            evil = Identity.generate()  # its HTTP plane's certificate proves the peer id it gossips with
+            http_host, http_port = await nursery.start(
+                partial(serve_http, tls=Credentials(evil).http_server), app, "127.0.0.1", 0)
+            raw = await RawPeer.connect(node.gossip_addr, evil)
             await raw.handshake(node.now(), http_addr=f"{http_host}:{http_port}")
             header = signing.sign(raw.identity, update_header(raw.identity, payload, raw.seqnos.next(node.now())))
             await raw.send(header)
@@ -204,8 +209,8 @@ async def test_connection_limit_refuses_extra_sockets(tmp_path: Path) -> None:
             node = await start(nursery, host_config(tmp_path, "node", gossip=PATIENT, max_connections=2))
             held = [await RawPeer.connect(node.gossip_addr) for _ in range(2)]
             await wait_for(lambda: len(node._conns) == 2, what="two connections")
-            extra = await RawPeer.connect(node.gossip_addr)
-            await extra.wait_closed()
+            with pytest.raises(TransportError, match="closed|ended"):  # closed before its TLS handshake
+                await RawPeer.connect(node.gossip_addr)
             assert node.counters.events["refused_connections"] == 1
             for raw in held:
                 await raw.stream.aclose()

@@ -1,7 +1,7 @@
 """Tier (b): the blob plane's fast paths on loopback.
 
 The client lets h11 parse the response head and then reads the body straight from the socket
-(`_HeadStream`, `_Body.readinto`); these tests pin that against a hand-driven HTTP/1.1 server that cuts
+(`LinkStream.stop_at_head`, `_Body.readinto`); these tests pin that against a hand-driven HTTP/1.1 server that cuts
 the response into TCP writes wherever it likes (inside the blank line that ends the head too), and
 check that a server's streamed body stops when its client goes.
 """
@@ -16,7 +16,8 @@ import httpx
 import pytest
 import trio
 
-from p2p.blobfetch import BlobClient, _HeadStream
+from p2p.blobfetch import BlobClient
+from p2p.httpclient import LinkStream
 from p2p.blobstore import BlobStore, blob_hex
 from p2p.counters import Counters, Kind
 from p2p.errors import TransportError
@@ -55,21 +56,10 @@ async def serve_split(
     return f"http://127.0.0.1:{port}"
 
 
-class _SocketOnly:
-    """Just the part of an httpcore network stream that `_HeadStream` reads through: its socket."""
-
-    def __init__(self, sock: trio.socket.SocketType) -> None:
-        self.sock = sock
-
-    def get_extra_info(self, info: str) -> object:
-        assert info == "socket"
-        return self.sock
-
-
 async def test_a_head_read_stops_at_the_blank_line_even_across_reads() -> None:
     a, b = trio.socket.socketpair()
     with a, b:
-        stream = _HeadStream(_SocketOnly(a))  # type: ignore[arg-type]
+        stream = LinkStream(trio.SocketStream(a), None, stop_at_head=True)
         await b.send(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r")
         assert await stream.read(65536) == b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r"
         await b.send(b"\nhello")

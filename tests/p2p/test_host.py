@@ -102,7 +102,7 @@ async def test_status_and_extra_routes(tmp_path: Path) -> None:
                 return Response(200, json.dumps(a.status()).encode(), {"content-type": "application/json"})
 
             a.http.route("GET", "/status", status)
-            async with httpx.AsyncClient() as client:
+            async with b.http_client() as client:
                 got = (await client.get(f"{a.http_url}/status")).json()
                 assert got["peer_id"] == a.peer_id and got["peers"][0]["peer_id"] == b.peer_id
                 assert got["counters"]["totals"]["control"]["recv_bytes"] > 0

@@ -13,6 +13,7 @@ LISTENING, then an error to stderr, and exit CODE at once, as a node with a bad 
 """
 
 import argparse
+import ssl
 import http.server
 import json
 import os
@@ -24,6 +25,15 @@ import threading
 import time
 
 
+
+def tls_context(pem: str) -> ssl.SSLContext:
+    """A server context with the libp2p certificate in `pem` (the harness made it: `testnet_helpers.fake_pem`)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(pem)
+    return context
+
+
 def split(addr):
     host, _, port = addr.rpartition(":")
     return host, int(port)
@@ -33,6 +43,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--listen", required=True)
     p.add_argument("--http", required=True)
+    p.add_argument("--tls-pem", required=True, help="certificate and key (PEM) of its https plane")
     p.add_argument("--peer-id", required=True)
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--peers", default="")
@@ -110,6 +121,7 @@ def main():
             self._json({"ok": True})
 
     server = http.server.ThreadingHTTPServer(split(args.http), Handler)
+    server.socket = tls_context(args.tls_pem).wrap_socket(server.socket, server_side=True)  # https, as a node's plane is
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"LISTENING {args.peer_id} {args.listen.rpartition(':')[0]}:{gossip.getsockname()[1]} "
           f"{args.http.rpartition(':')[0]}:{server.server_address[1]}", flush=True)
