@@ -97,6 +97,12 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                           "every link is TLS 1.3, both ends proving their peer id by certificate (libp2p's TLS "
                           "scheme), and the HTTP plane is https; TLS nodes and --insecure nodes refuse each other "
                           "(cleartext_peer / tls_peer), and a closed run's HTTP plane is only closed with TLS")
+    net.add_argument("--reachability", choices=("auto", "public", "private"), default="auto",
+                     help="whether peers can dial this node. auto: ask connected peers to dial it back (as "
+                          "libp2p's AutoNAT does); /status says \"reachable\". A node nobody can dial (behind a NAT, "
+                          "a firewall, no public port) still takes part: before it publishes an update it pushes "
+                          "the payload over connections it opened to peers that can be dialled, which serve it "
+                          "on; nothing to forward. public / private: skip the question (default %(default)s)")
     net.add_argument("--run-id", required=True, metavar="ID", help="the run; peers of other runs are refused")
     net.add_argument("--key", required=True, type=Path, metavar="FILE",
                      help="Ed25519 key file (libp2p format, mode 0600), created if missing; its peer id names "
@@ -236,7 +242,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
 
     return NodeSettings(
         run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers,
-        advertise=args.advertise, advertise_http=args.advertise_http, insecure=args.insecure, data=args.data,
+        advertise=args.advertise, advertise_http=args.advertise_http, insecure=args.insecure, reachability=args.reachability, data=args.data,
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,

@@ -45,7 +45,8 @@ def host_config(settings: NodeSettings, identity: Identity, data_dir: Path, shap
                           advertise_host=advertise_host, advertise_gossip_port=advertise_port,
                           advertise_http=s.advertise_http, bootstrap=s.peers, gossip=gossip,
                           accept=accept_hook(shapes, ledger), known=seen, run_config=run_config, admission=admission,
-                          blob_spill_bytes=spill_bytes(shapes, s.compression), insecure=s.insecure)
+                          blob_spill_bytes=spill_bytes(shapes, s.compression), insecure=s.insecure,
+                          reachability=s.reachability)
 
 
 #: How many of its own updates' payloads a node's spill holds on a full disk, at the least (with the payloads

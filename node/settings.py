@@ -48,6 +48,7 @@ class NodeSettings:
     advertise: str = ""  # HOST or HOST:PORT peers reach us at (gossip; HTTP on that host); "": chosen
     advertise_http: str = ""  # HOST:PORT of our HTTP plane for peers, when it differs (NAT, proxy)
     insecure: bool = False  # cleartext on both planes (benchmarks, tests); TLS 1.3 otherwise
+    reachability: str = "auto"  # whether peers can dial us: asked of them, or "public" / "private" (p2p.reach)
     data: tuple[str, ...] = ()
     model: str = "tiny"
     overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.island.config (e.g. "batch_size=8")

@@ -57,6 +57,8 @@ class HostConfig:
     admission: Admission | None = None  # protocol.admission; None becomes an open run's in __post_init__
     # cleartext on both planes (benchmarks, tests that read the bytes): TLS nodes refuse such a node, and it them
     insecure: bool = False
+    # whether peers can dial us: "auto" (ask them, p2p.reach), or "public" / "private" as the operator knows
+    reachability: str = "auto"
 
     def __post_init__(self) -> None:
         if self.gossip is not None and self.gossip.run_id != self.run_id:

@@ -7,6 +7,8 @@ socket or an HTTP exchange is re-raised as `TransportError` at the edge of this 
 
 from __future__ import annotations
 
+import trio
+
 
 class TransportError(Exception):
     """A connection or HTTP exchange failed (refused, reset, closed, timed out, bad HTTP status)."""
@@ -14,6 +16,11 @@ class TransportError(Exception):
     def __init__(self, message: str, *, peer: str = "") -> None:
         self.peer = peer
         super().__init__(f"{peer[:16]}: {message}" if peer else message)
+
+
+class LinkBroken(TransportError, trio.BrokenResourceError):
+    """A TLS link failed (`p2p.tls`): our `TransportError`, and the `trio.BrokenResourceError` that code written
+    for trio streams (hypercorn's connection handler) expects of a broken stream."""
 
 
 class LocalStoreError(TransportError):

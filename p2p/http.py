@@ -12,7 +12,9 @@ Contract:
   `HttpApp.throttled` (by route). The per-client limit is checked first, so one flooding address does not
   use up the totals of the others.
 - A request body (small control requests such as `POST /chaos`) is read whole into `Request.body`, up
-  to `MAX_REQUEST_BODY` bytes; a larger one is answered 413 without calling the handler.
+  to `MAX_REQUEST_BODY` bytes; a larger one is answered 413 without calling the handler. A route added
+  with `stream_body=True` (a pushed blob, `p2p.blobpush`) gets the body as `Request.stream` instead, an
+  async iterator of chunks the handler must drain before it answers.
 - A `Response` body is either `bytes` or an async iterator of byte chunks (streamed with
   `more_body`, so large bodies never sit in memory whole). A streamed body is pulled by its own
   task, one chunk ahead of the socket (the next chunk is read, e.g. from disk, while this one is
@@ -73,6 +75,7 @@ class Request:
     client: tuple[str, int] | None
     body: bytes = b""
     peer: str | None = None  # the peer id the client's TLS certificate proved (None: anonymous, or cleartext)
+    stream: AsyncIterator[bytes] | None = None  # the body, for a route with `stream_body` (then `body` is b"")
 
     def json(self) -> object:
         """The body parsed as JSON. Raises ValueError for anything that is not (bad UTF-8, bad JSON, or
@@ -104,6 +107,7 @@ class _Route:
     handler: Handler
     per_client: RateLimitItem | None
     total: RateLimitItem | None
+    stream_body: bool = False
 
 
 class HttpApp:
@@ -119,13 +123,14 @@ class HttpApp:
         self.peer_of: Callable[[tuple[str, int] | None], str | None] = lambda _client: None  # set by serve_http
 
     def route(self, method: str, prefix: str, handler: Handler, *, per_client: str | None = None,
-              total: str | None = None) -> None:
+              total: str | None = None, stream_body: bool = False) -> None:
         """Serve requests `method` whose path starts with `prefix` by `handler` (replaces any), at most
         `per_client` requests (e.g. "20/second") per client address and `total` across all clients."""
         if not prefix.startswith("/"):
             raise LocalProtocolError(f"route prefix must start with '/': {prefix!r}")
         self._routes[(method.upper(), prefix)] = _Route(
-            prefix, handler, parse_limit(per_client) if per_client else None, parse_limit(total) if total else None)
+            prefix, handler, parse_limit(per_client) if per_client else None, parse_limit(total) if total else None,
+            stream_body)
 
     def _find(self, method: str, path: str) -> _Route | None:
         best: _Route | None = None
@@ -150,7 +155,9 @@ class HttpApp:
             return
         if scope["type"] != "http":
             return
-        body = await _read_body(receive)
+        found = self._find(scope["method"], scope["path"])
+        streamed = found is not None and found.stream_body
+        body = b"" if streamed else await _read_body(receive)
         if body is None:
             await _send_response(send, receive, Response.text(413, "request body too large\n"))
             return
@@ -163,8 +170,8 @@ class HttpApp:
             client=client,
             body=body,
             peer=self.peer_of(client),
+            stream=_body_chunks(receive) if streamed else None,
         )
-        found = self._find(request.method, request.path)
         refusal = self.guard(request) if self.guard is not None else None
         if refusal is not None:
             response = refusal
@@ -189,6 +196,18 @@ async def _read_body(receive: Any) -> bytes | None:
             return None
         if not message.get("more_body", False):
             return bytes(body)
+
+
+async def _body_chunks(receive: Any) -> AsyncIterator[bytes]:
+    """A request body as it arrives; raises TransportError if the client leaves before its end."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise TransportError("the client left before the end of its request body")
+        if chunk := message.get("body", b""):
+            yield chunk
+        if not message.get("more_body", False):
+            return
 
 
 async def _lifespan(receive: Any, send: Any) -> None:

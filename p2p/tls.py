@@ -29,7 +29,7 @@ import trio
 from cryptography.hazmat.primitives.serialization import Encoding
 from OpenSSL import SSL
 
-from p2p.errors import TransportError
+from p2p.errors import LinkBroken, TransportError
 from p2p.tlscert import make_certificate, peer_id_of
 from p2p.transport import dial, format_addr
 from protocol.errors import Reason, RemoteProtocolError
@@ -132,9 +132,9 @@ class TlsStream(trio.abc.Stream):
         try:
             first = await self.socket.recv(1, stdlib_socket.MSG_PEEK)
         except OSError as exc:
-            raise TransportError(f"TLS handshake: {exc.strerror or exc}") from exc
+            raise LinkBroken(f"TLS handshake: {exc.strerror or exc}") from exc
         if not first:
-            raise TransportError("the peer closed the connection during the TLS handshake "
+            raise LinkBroken("the peer closed the connection during the TLS handshake "
                                  "(a node started with --insecure closes on TLS)")
         self._first_byte_seen = True
         if first[0] not in TLS_RECORD_TYPES:
@@ -169,7 +169,7 @@ class TlsStream(trio.abc.Stream):
                 await self._wait_writable()
             except SSL.ZeroReturnError:
                 if not self.handshake_done:
-                    raise TransportError("the peer closed the connection during the TLS handshake") from None
+                    raise LinkBroken("the peer closed the connection during the TLS handshake") from None
                 return b""
             except SSL.SysCallError as exc:
                 if self.handshake_done and exc.args and exc.args[0] == -1:
@@ -184,7 +184,7 @@ class TlsStream(trio.abc.Stream):
         except trio.BusyResourceError:  # the other task waits to read: let it, then try again
             await trio.sleep(0.001)
         except (trio.ClosedResourceError, OSError) as exc:
-            raise TransportError(f"TLS read: {exc!r}") from exc
+            raise LinkBroken(f"TLS read: {exc!r}") from exc
 
     async def _wait_writable(self) -> None:
         try:
@@ -192,13 +192,13 @@ class TlsStream(trio.abc.Stream):
         except trio.BusyResourceError:
             await trio.sleep(0.001)
         except (trio.ClosedResourceError, OSError) as exc:
-            raise TransportError(f"TLS write: {exc!r}") from exc
+            raise LinkBroken(f"TLS write: {exc!r}") from exc
 
-    def _ended(self, exc: SSL.SysCallError) -> TransportError:
+    def _ended(self, exc: SSL.SysCallError) -> LinkBroken:
         why = exc.args[1] if len(exc.args) > 1 else str(exc)
         if self.handshake_done:
-            return TransportError(f"TLS: {why}")
-        return TransportError(f"the connection ended during the TLS handshake ({why}; "
+            return LinkBroken(f"TLS: {why}")
+        return LinkBroken(f"the connection ended during the TLS handshake ({why}; "
                               "a node started with --insecure closes on TLS)")
 
     def _failure(self, exc: SSL.Error) -> Exception:
@@ -211,7 +211,7 @@ class TlsStream(trio.abc.Stream):
             return RemoteProtocolError(Reason.BAD_HANDSHAKE, "no common ALPN protocol (the wrong port?)")
         if not self.handshake_done and "certificate" in detail:
             return RemoteProtocolError(Reason.BAD_CERTIFICATE, f"TLS handshake refused: {detail}")
-        return TransportError(f"TLS {'handshake ' if not self.handshake_done else ''}error: {detail or exc!r}")
+        return LinkBroken(f"TLS {'handshake ' if not self.handshake_done else ''}error: {detail or exc!r}")
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         await self.do_handshake()
@@ -310,7 +310,7 @@ async def connect(address: str, context: SSL.Context, timeout: float, *, expecte
             await stream.do_handshake()
     except trio.TooSlowError:
         await transport.aclose()
-        raise TransportError(f"TLS handshake with {address}: no answer within {timeout} s") from None
+        raise LinkBroken(f"TLS handshake with {address}: no answer within {timeout} s") from None
     except BaseException:
         await transport.aclose()
         raise

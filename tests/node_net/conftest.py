@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from node_net_helpers import NodeProc, node_env  # noqa: E402
 
+from testnet.wan import LinkSpec, WanNetwork, probe  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def jax_cache(request: pytest.FixtureRequest) -> Path:
@@ -47,3 +49,23 @@ def cluster(tmp_path: Path, jax_cache: Path):
     yield start
     for node in nodes:
         node.kill()
+
+
+@pytest.fixture
+def hosts():
+    """`hosts(n)`: n namespaces with their own addresses, removed when the test ends."""
+    spec = LinkSpec(rate_mbit=None, delay_ms=0.0)
+    support = probe(spec)
+    if not support.available:
+        pytest.skip(f"separate hosts need network namespaces: {support.reason}")
+    made: list[WanNetwork] = []
+
+    def make(n: int) -> WanNetwork:
+        net = WanNetwork(n, spec, support.qdisc)
+        made.append(net)
+        net.setup()
+        return net
+
+    yield make
+    for net in made:
+        net.teardown()

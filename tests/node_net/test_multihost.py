@@ -16,33 +16,11 @@ import re
 
 import socket
 
-import pytest
 
-from testnet.wan import LinkSpec, WanNetwork, probe
 
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "0", "--drain-timeout", "60"]
 WILDCARD = ("0.0.0.0:7000", "0.0.0.0:8000")  # the README's --listen and --http on each host
 START_S = 180.0
-
-
-@pytest.fixture
-def hosts():
-    """`hosts(n)`: n namespaces with their own addresses, removed when the test ends."""
-    spec = LinkSpec(rate_mbit=None, delay_ms=0.0)
-    support = probe(spec)
-    if not support.available:
-        pytest.skip(f"separate hosts need network namespaces: {support.reason}")
-    made: list[WanNetwork] = []
-
-    def make(n: int) -> WanNetwork:
-        net = WanNetwork(n, spec, support.qdisc)
-        made.append(net)
-        net.setup()
-        return net
-
-    yield make
-    for net in made:
-        net.teardown()
 
 
 def stopped_line(node) -> str:
