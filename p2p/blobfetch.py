@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpcore
@@ -47,7 +46,7 @@ from p2p.blobserve import BLOB_PREFIX, PEER_HEADER
 from p2p.blobstore import BlobStore, BlobWriter
 from p2p.counters import Counters, Kind
 from p2p.errors import BlobGone, LocalStoreError, TransportError
-from p2p.httpclient import LinkStream, LinkTransport, membership_headers
+from p2p.httpclient import CoreBody, LinkStream, LinkTransport, membership_headers
 from p2p.tls import Credentials
 from protocol.errors import Reason, RemoteProtocolError
 
@@ -84,7 +83,7 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return int(next(iter(values)))
 
 
-class _Body(httpx.AsyncByteStream):
+class _Body(CoreBody):
     """One response body. Iterating it yields the chunks h11 parses (any response).
 
     `readinto(view)` is the fast path for a Content-Length body, for one reader that uses nothing
@@ -94,18 +93,9 @@ class _Body(httpx.AsyncByteStream):
     """
 
     def __init__(self, inner: Any, network: LinkStream, length: int | None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._network = network
         self._remaining = length
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                yield chunk
-        except httpcore.TimeoutException as exc:
-            raise httpx.TimeoutException(str(exc)) from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise httpx.TransportError(str(exc)) from exc
 
     async def readinto(self, view: memoryview) -> int:
         """Fill at most `len(view)` bytes of `view` with body bytes; 0 once the body is complete.
@@ -122,9 +112,6 @@ class _Body(httpx.AsyncByteStream):
             raise httpx.RemoteProtocolError(f"connection closed with {self._remaining} body bytes to come")
         self._remaining -= n
         return n
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 class BlobClient:

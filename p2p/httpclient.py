@@ -181,13 +181,15 @@ class LinkTransport(httpx.AsyncBaseTransport):
 
     def respond(self, response: httpcore.Response) -> httpx.Response:
         return httpx.Response(status_code=response.status, headers=response.headers,
-                              stream=_CoreBody(response.stream), extensions=response.extensions)
+                              stream=CoreBody(response.stream), extensions=response.extensions)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
 
 
-class _CoreBody(httpx.AsyncByteStream):
+class CoreBody(httpx.AsyncByteStream):
+    """httpcore's response body as httpx's, its errors as httpx's."""
+
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 

@@ -218,10 +218,21 @@ class TlsStream(trio.abc.Stream):
         return await self._retry(lambda: self._conn.recv(max_bytes or _RECEIVE))  # type: ignore[no-any-return]
 
     async def receive_into(self, view: memoryview) -> int:
-        """Decrypt into `view`; 0 at the end of the stream."""
+        """Decrypt into `view` every record that has arrived (at least one byte: OpenSSL hands out one
+        16 KiB record per call, so one call per record would make the caller loop per record); 0 at the end
+        of the stream."""
         await self.do_handshake()
         got = await self._retry(lambda: self._conn.recv_into(view, len(view)))
-        return 0 if got == b"" else int(got)  # type: ignore[arg-type]
+        n = 0 if got == b"" else int(got)  # type: ignore[arg-type]
+        while 0 < n < len(view):
+            try:
+                more = self._conn.recv_into(view[n:], len(view) - n)
+            except SSL.Error:  # nothing more yet, the end, or a failure: the next call sees it
+                break
+            if not more:
+                break
+            n += more
+        return n
 
     async def peek(self, max_bytes: int) -> bytes:
         """The next decrypted bytes without consuming them (at least one, unless the stream ended)."""

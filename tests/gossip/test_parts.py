@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import signing, wire
+from protocol.admission import Admission, Membership, grant
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.gossip import (
     DialSchedule,
@@ -224,6 +225,38 @@ def test_handshake_refuses_wrong_run_bad_proof_wrong_peer_and_out_of_order() -> 
     with pytest.raises(RemoteProtocolError) as err:
         a.receive_frame(b"\xc1garbage", 0.0)
     assert err.value.reason is Reason.MALFORMED
+
+
+def test_a_closed_runs_accepting_node_speaks_second_and_only_to_a_member() -> None:
+    founder, member, outsider = (Identity.from_seed(bytes([k]) * 32) for k in (1, 2, 3))
+    founder_rule = Admission(RUN, founder.peer_id, peer_id=founder.peer_id)
+
+    def accepting() -> Handshake:
+        return Handshake(founder, Validator(RUN), gossip_addr="h:1", http_addr="h:2", challenge=b"\x01" * 32,
+                         admission=founder_rule, speaks_first=False, run_config="a=1")
+
+    def dialling(who: Identity, credential: Membership | None, run_config: str = "a=1") -> Handshake:
+        rule = Admission(RUN, founder.peer_id, credential, peer_id=who.peer_id) if credential else None
+        return Handshake(who, Validator(RUN), gossip_addr="h:3", http_addr="h:4", challenge=b"\x02" * 32,
+                         admission=rule, run_config=run_config)
+
+    server = accepting()
+    assert server.first_messages() == []  # nothing before the dialer's hello
+    with pytest.raises(RemoteProtocolError) as err:
+        server.receive_frame(wire.encode(dialling(outsider, None).hello), 0.0)
+    assert err.value.reason is Reason.NOT_ADMITTED and not server.hello_owed  # the outsider gets no byte
+    membership = grant(founder, RUN, member.peer_id)
+    server, client = accepting(), dialling(member, membership)
+    out = server.receive_frame(wire.encode(client.hello), 0.0)
+    assert [type(m).__name__ for m in out] == ["Hello", "HelloProof"] and out[0] == server.hello
+    proof = client.receive_frame(wire.encode(out[0]), 0.0)
+    client.receive_frame(wire.encode(out[1]), 0.0)
+    server.receive_frame(wire.encode(proof[0]), 0.0)
+    assert server.state is client.state is State.DONE
+    server = accepting()  # a member with other settings is refused, but is owed the run's hello first
+    with pytest.raises(RemoteProtocolError) as err:
+        server.receive_frame(wire.encode(dialling(member, membership, "a=2").hello), 0.0)
+    assert err.value.reason is Reason.CONFIG_MISMATCH and server.hello_owed
 
 
 def test_handshake_refuses_a_reflected_hello() -> None:
