@@ -37,7 +37,6 @@ import trio
 from p2p.advertise import choose_advertise_host
 from p2p.blobfetch import BlobClient, LocalBackoff
 from p2p.access import HEALTH_PATH, guard_for, health
-from p2p.blobpush import PushIntake, push_to_peers
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore, default_spill_dir
 from p2p.config import HostConfig
@@ -47,7 +46,7 @@ from p2p.dials import DialFailures
 from p2p.errors import AddressError, BlobGone, LocalStoreError, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.httpclient import http_client
-from p2p.reach import DialBack, Prober, Reachability
+from p2p.outreach import Outreach
 from p2p.tls import Credentials, TlsStream, connect
 from p2p.transport import dial, format_addr, listener_addr, open_listener
 from protocol import signing
@@ -104,15 +103,8 @@ class Host:
         self.blobs.mount(self.http)
         self.http.route("GET", HEALTH_PATH, health)
         self.http.guard = guard_for(config.admission, tls=self.tls is not None)
-        # behind a NAT: asked of the peers (p2p.reach); blobs pushed to peers we dial, and taken from them
-        self.reach = Reachability(config.reachability)
-        self._prober = Prober(self.reach, self._dial_back_targets, self.http_client)
-        DialBack(self._advertised_gossip, self._dial_back).mount(self.http)
-        self.pushes = PushIntake(
-            self.store, self.counters, known=lambda peer: peer in self.router.peers,
-            stored=lambda name: self._execute(self.router.blob_stored(name, self.now())),
-            penalize=lambda peer, reason, detail: self._execute([Reject(peer, reason, detail)]))
-        self.pushes.mount(self.http)
+        self.outreach = Outreach(self)  # nodes nobody can dial: reachability, blob pushes (p2p.outreach)
+        self.outreach.mount()
         self.gossip_addr = ""
         self.http_addr = ""
         self.router: Router  # set in _serve, once the addresses are known
@@ -127,7 +119,6 @@ class Host:
         self._closing = False
         self._nursery: trio.Nursery
         self._client: BlobClient
-        self.pushed_to: list[str] = []  # the peers that took our last update's blob (when we cannot be dialled)
 
     # ---- the node's API ---------------------------------------------------------------------------
 
@@ -179,8 +170,7 @@ class Host:
         here) and push it into the overlay. Returns the signed header (its `message_id` is the
         update id). `membership`: field 11 (default: this host's credential; chaos tests leave it out)."""
         name = await self.add_blob(payload)
-        if self.reach.state == "private":  # no one can fetch it from us: it leaves over connections we open
-            await self._push_out(name, len(payload))
+        await self.outreach.before_publish(name, len(payload))  # pushed first if no one can dial us
         body = UpdateHeader(
             run_id=self.config.run_id,
             origin=self.peer_id,
@@ -196,40 +186,6 @@ class Host:
             membership=self.config.admission.credential if membership is None else membership,
         )
         return self._publish(body)
-
-    async def _push_out(self, name: str, size: int) -> None:
-        # peers we dialled first: reaching them is proven; then the others that advertise an HTTP plane
-        states = sorted((s for s in self.router.peers.values() if s.info.http_addr), key=lambda s: not s.outbound)
-        targets = [(s.info.peer_id, self.peer_url(s.info.http_addr)) for s in states]
-        async with self.http_client(self.config.fetch_timeout_s) as client:
-            held = await push_to_peers(client, targets, name, self.store.path(name), size)
-        self.pushed_to = held
-        if held:
-            log.info("pushed blob %s to %s (this node cannot be dialled)", name[:12], ", ".join(p[:16] for p in held))
-        else:
-            log.warning("blob %s could not be pushed to any peer: its update reaches only peers that can dial us",
-                        name[:12])
-
-    @property
-    def blobs_leave(self) -> str:
-        """How our updates' payloads reach the peers (for /status)."""
-        if self.reach.state != "private":
-            return "served by this node's HTTP plane"
-        return "pushed over connections this node opens, to " + (", ".join(self.pushed_to) or "(none yet)")
-
-    def _dial_back_targets(self) -> list[tuple[str, str]]:
-        return [(s.info.peer_id, self.peer_url(s.info.http_addr)) for s in self.router.peers.values() if s.info.http_addr]
-
-    def _advertised_gossip(self, peer: str) -> str | None:
-        state = self.router.peers.get(peer)
-        return None if state is None else state.info.gossip_addr
-
-    async def _dial_back(self, address: str, peer: str) -> None:
-        if self.tls is None:
-            stream: trio.abc.Stream = await dial(address, self.config.dial_timeout_s)
-        else:
-            stream = await connect(address, self.tls.gossip_client, self.config.dial_timeout_s, expected_peer=peer)
-        await stream.aclose()
 
     async def publish_manifest(
         self, slot: int, ledger_digest: bytes, params_digest: bytes, blobs: Sequence[tuple[str, str]]
@@ -317,8 +273,8 @@ class Host:
             "known_peers": len(self.router.table),
             "pending_blobs": len(self.router.pending),
             "dial_failures": self.dial_failures.describe(),
-            "reachable": self.reach.describe(),
-            "blobs_leave": self.blobs_leave,
+            "reachable": self.outreach.reach.describe(),
+            "blobs_leave": self.outreach.blobs_leave,
             "counters": self.counters.snapshot(),
         }
 
@@ -394,11 +350,7 @@ class Host:
             if self.router.pending.given_up > given_up:
                 self.counters.events["blob_given_up"] += self.router.pending.given_up - given_up
                 log.warning("gave up %d blob(s): no holder served them in time", self.router.pending.given_up - given_up)
-            for peer, url in self._prober.due(trio.current_time()):
-                self._nursery.start_soon(self._prober.ask, peer, url)
-            for name in self.pushes.sweep(trio.current_time()):
-                self.router.forget_blob(name)
-                log.info("removed blob %s: pushed, and no header named it in time", name[:12])
+            self.outreach.tend(self._nursery)
             for conn in list(self._conns.values()):
                 if conn.congested_since is not None and now - conn.congested_since > self.router.config.heartbeat_timeout_s:
                     conn.close("send queue full for too long (slow peer)")
@@ -413,7 +365,7 @@ class Host:
                 self._nursery.start_soon(self._fetch, action)
             elif isinstance(action, Deliver):
                 if action.blob is not None:
-                    self.pushes.announced(action.blob)
+                    self.outreach.delivered(action.blob)
                 path = self.store.path(action.blob) if action.blob is not None else None
                 self._inbox_send.send_nowait(Delivery(action.message, path, action.source))
             elif isinstance(action, Disconnect):
