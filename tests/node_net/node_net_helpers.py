@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -50,6 +51,13 @@ def node_env(cache_dir: Path) -> dict[str, str]:
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                JAX_PLATFORMS="cpu")
     return env
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (for a node told its port, or a peer not started yet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class NodeProc:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import re
 
-import socket
-
-
+from node_net_helpers import free_port
 
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "0", "--drain-timeout", "60"]
 WILDCARD = ("0.0.0.0:7000", "0.0.0.0:8000")  # the README's --listen and --http on each host
@@ -51,14 +49,8 @@ def test_three_hosts_started_with_the_readme_command_agree(hosts, cluster) -> No
         assert re.search(f"update [0-9a-f]+ from {joiner.peer_id}", a.log_path.read_text()), joiner.peer_id
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_node_with_an_unreachable_bootstrap_peer_waits_and_joins_when_it_starts(cluster) -> None:
-    port = _closed_port()
+    port = free_port()  # nobody listens there yet
     # --no-adopt: the node starts at once instead of first trying, for 30 s, to read the run's configuration
     # from the closed port (node.adopt, tested on its own in tests/node/test_adopt_config.py); what follows (the
     # failed dials, the wait in "syncing", the join) is the same with or without it.

@@ -14,7 +14,7 @@ import socket
 import threading
 
 import httpx
-from node_net_helpers import RUN_ID
+from node_net_helpers import RUN_ID, free_port
 
 from p2p.tls import PROTOCOL_VERSION_ALERT
 from protocol.identity import Identity
@@ -63,12 +63,6 @@ class Tap:
 
     def close(self) -> None:
         self._listener.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_links_are_tls_from_the_first_byte_and_cleartext_is_refused_by_name(cluster) -> None:
