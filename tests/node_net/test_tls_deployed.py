@@ -99,4 +99,5 @@ def test_links_are_tls_from_the_first_byte_and_cleartext_is_refused_by_name(clus
                           ("http up", http_tap.up), ("http down", http_tap.down)):
         assert len(capture) > 1000 and capture[:2] == b"\x16\x03", (name, len(capture), capture[:8].hex())
         assert [s for s in secrets if s in capture] == [], name
-    assert httpx.get(f"https://{founder.http}/health", verify=False, timeout=10).text == "ok\n"
+    # founder.http is the (closed) tap: its own port, directly
+    assert httpx.get(f"https://127.0.0.1:{http_port}/health", verify=False, timeout=10).text == "ok\n"
