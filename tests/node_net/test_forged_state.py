@@ -102,7 +102,9 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
 
     assert a.replica.outcomes["fork-adopted"] == 0
     after = evaluations_after(a, tokens)
-    assert max(after) <= best * 1.1, (best, after)
+    # a trains on, not on the forgery (which evaluates more than 5x worse, above): its own evaluations wander
+    # (one at 1.34x its best was seen on a loaded machine), so the bound is 1.5x, far under the forgery's
+    assert max(after) <= best * 1.5, (best, after)
 
 
 async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_four_windows_unless_vouched_for(
@@ -115,14 +117,14 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
     adopted again, but a vouch does that once per period, so the next vouched forgery is held off too. The
     node here adopts without evaluating (`--fork-tolerance inf`), so that its fast early training does not
     make the vet refuse the forgery."""
-    with trio.fail_after(180):
+    with trio.fail_after(300):  # its waits for adoptions took over a minute with the whole suite on 2 cores
         async with trio.open_nursery() as nursery:
             nodes, forger, server = await run_with_forger(nursery, tmp_path, fork_tolerance=float("inf"))
             a = nodes[0]
             server.serve(await forged_replica(a.replica, 2**40, scale=1.0, base=await a.replica.params()))
             result = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert result is not None and result.fork == "adopt", result
-            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 1, 60, "a adopted it")
+            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 1, 120, "a adopted it")
             heavier = await forged_replica(a.replica, 2**41, scale=1.0, base=await a.replica.params())
             server.serve(heavier)
             again = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
@@ -135,7 +137,7 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
             witness.serve(heavier)  # a second key signs a manifest of the same slot and ledger digest
             vouched = await pull_missing(a.host, a.replica, RUN, forger.peer_id, forger.http_addr)
             assert vouched is not None and vouched.fork == "adopt", vouched
-            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 2, 60, "a adopted the vouched state")
+            await wait_for(lambda: a.replica.outcomes["fork-adopted"] == 2, 120, "a adopted the vouched state")
             heaviest = await forged_replica(a.replica, 2**42, scale=1.0, base=await a.replica.params())
             server.serve(heaviest)
             witness.serve(heaviest)

@@ -19,9 +19,12 @@ from __future__ import annotations
 from testnet.benchmarks.node_logs import intake_delays, on_time
 
 ROUNDS = 14
-# --slowdown makes the rounds ~1.5 s of sleeping (little CPU), so all three nodes train side by side
+# --slowdown makes the rounds ~1.5 s of sleeping (little CPU), so all three nodes train side by side.
+# --fork-tolerance inf: a joiner that syncs the run's state at slot 1, when its held-out loss can be above the
+# random start's (9.55 against 7.88 bits per byte seen on a loaded machine), must not refuse it and wait out the
+# run: this test is about the intake, and the vet has tests of its own (test_forged_state.py).
 COMMON = ["--inner-steps", "10", "--heartbeat", "0.5", "--eval-every", "100", "--drain-timeout", "20",
-          "--checkpoint-interval", "0", "--max-rounds", str(ROUNDS), "--slowdown", "30"]
+          "--checkpoint-interval", "0", "--max-rounds", str(ROUNDS), "--slowdown", "30", "--fork-tolerance", "inf"]
 ON_TIME_S = 5.0  # a few rounds: a download held up by a tarpit takes ~20 s per byte
 TOLERANCE = 0.20
 START_S = 180.0
