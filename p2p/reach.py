@@ -30,7 +30,6 @@ from protocol.errors import RemoteProtocolError
 log = logging.getLogger("p2p.reach")
 
 DIALBACK_PATH = "/dialback"
-STATES = ("unknown", "public", "private")
 
 
 @dataclass
@@ -95,9 +94,6 @@ class Reachability:
             log.log(logging.WARNING if self.state == "private" else logging.INFO,
                     "reachability: %s (%s says: %s)%s", self.state, peer, detail,
                     "; this node's blobs are pushed to peers it dials (p2p.blobpush)" if self.state == "private" else "")
-
-    def forget(self, peer: str) -> None:
-        self.answers.pop(peer, None)
 
     def describe(self) -> dict[str, object]:
         return {"state": self.state, "forced": self.forced != "auto",

@@ -46,7 +46,6 @@ _RECEIVE = 1 << 16
 # OpenSSL's words for records that are no TLS (a cleartext peer's bytes read before `_check_first_byte` could look)
 _CLEARTEXT_ERRORS = ("wrong version number", "packet length too long", "http request", "record layer failure")
 
-PeerCheck = Callable[[str | None], None]  # raises RemoteProtocolError to refuse the peer a handshake proved
 
 
 class Credentials:
