@@ -47,7 +47,6 @@ _RECEIVE = 1 << 16
 _CLEARTEXT_ERRORS = ("wrong version number", "packet length too long", "http request", "record layer failure")
 
 
-
 class Credentials:
     """A node's TLS identity: one certificate for `identity`, reused for every connection."""
 
