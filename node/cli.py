@@ -131,6 +131,15 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                        help="config override, repeatable, e.g. --set batch_size=8 --set inner.lr=1e-3; --set "
                             "tokenizer=tokenizer.json encodes text with a tokenizers file (diloco-tokenizer train makes "
                             "one; every node needs the same file); vocab_size defaults to the data's" if own else mine)
+    train.add_argument("--mesh", default=None, metavar="data=D,fsdp=F",
+                       help="how the island lays its training over this host's devices (D x F of them): the "
+                            "batch split over both axes, parameters, gradients and AdamW state sharded over fsdp "
+                            "(FSDP: each device holds 1/F of every large tensor) and replicated over data (default: "
+                            "data over every device while a replicated copy takes at most half of one device's "
+                            "memory, fsdp over every device otherwise; docs/deployment.md)")
+    train.add_argument("--remat", action="store_true",
+                       help="recompute each layer's activations in the backward pass instead of keeping them: "
+                            "less device memory for activations, about a third more compute per step (default off)")
     train.add_argument("--inner-steps", type=int, default=50, metavar="H",
                        help="inner optimizer steps per round (default %(default)s)")
     train.add_argument("--adaptive-steps", action=argparse.BooleanOptionalAction, default=True,
@@ -238,12 +247,14 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported lazily: no JAX for --help)
+    from node.island.config import MeshShape
     from node.settings import NodeSettings
 
     return NodeSettings(
         run_id=args.run_id, key_path=args.key, listen=args.listen, http=args.http, peers=args.peers,
         advertise=args.advertise, advertise_http=args.advertise_http, insecure=args.insecure, reachability=args.reachability, data=args.data,
         model=args.model, overrides=tuple(args.overrides), inner_steps=args.inner_steps,
+        mesh=MeshShape.parse(args.mesh) if args.mesh else None, remat=args.remat,
         adaptive_steps=args.adaptive_steps, max_rounds=args.max_rounds, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, checkpoint_interval_s=args.checkpoint_interval,
         inflight_every_s=args.inflight_every,

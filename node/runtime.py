@@ -235,7 +235,8 @@ class NodeRuntime:
         ckpt, self._resume_from = self._resume_from, None
         start = await trio.to_thread.run_sync(functools.partial(
             start_state, self.task, self.batches, self.settings.seed, ckpt, self.ledger_config, self.shapes,
-            self.bottom_store, self.host.store, self.feedback, self._resume_blobs))
+            self.bottom_store, self.host.store, self.feedback, self._resume_blobs, mesh=self.settings.mesh,
+            remat=self.settings.remat))
         self.loop, ckpt, snap = start.loop, start.checkpoint, start.snapshot
         self._resume_blobs = self._resume_blobs if ckpt is not None else frozenset()  # unusable: removed
         self.blobs.hold_all(start.blobs)
@@ -246,7 +247,10 @@ class NodeRuntime:
             self.replica.proofs.update(proofs_of_doc(ckpt.meta.get("proofs")))  # served with the state
             log.info("resumed from checkpoint of round %d (slot %d)", ckpt.round, snap.slot)
         self.status.replica = self.replica
-        log.info("model ready: %d tensors; ledger at slot %d", len(self.shapes), self.replica.slot)
+        self.stats.island = island = self.loop.layout()
+        log.info("model ready: %d tensors on %d %s device(s), mesh %s%s (%.2f B/param of state per device); "
+                 "ledger at slot %d", len(self.shapes), island["devices"], island["platform"], island["mesh"],
+                 ", remat" if island["remat"] else "", island["state_bytes_per_param"], self.replica.slot)
 
     async def _warm_up(self, done: trio.Event) -> None:
         """Compile the train and evaluation steps (`InnerLoop.warm_up`) in a worker thread; sets `done`."""

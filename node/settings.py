@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node.checkpoint import CheckpointDir
-from node.island.config import Config, ConfigError, preset
+from node.island.config import Config, ConfigError, MeshShape, preset
 from node.island.data import resolve_vocab
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
@@ -52,6 +52,8 @@ class NodeSettings:
     data: tuple[str, ...] = ()
     model: str = "tiny"
     overrides: tuple[str, ...] = ()  # KEY=VALUE strings for node.island.config (e.g. "batch_size=8")
+    mesh: MeshShape | None = None  # the island's ("data", "fsdp") mesh (node.island.mesh); None: chosen
+    remat: bool = False  # recompute activations in the backward pass (the model's remat_loss)
     inner_steps: int = 50
     adaptive_steps: bool = True
     max_rounds: int | None = None  # None: until a signal

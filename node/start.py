@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from node.checkpoint import Checkpoint, CheckpointError
+from node.island.config import MeshShape
 from node.island.task import Task
 from node.island.train import InnerLoop
 from node.outer.resume import restore_ledger
@@ -40,16 +41,18 @@ class Start:
 
 def start_state(task: Task, batches: Iterable, seed: int, checkpoint: Checkpoint | None, config: LedgerConfig,
                 shapes: Mapping[str, tuple[int, ...]], bottom: BottomStore, store: BlobStore,
-                feedback: ErrorFeedback, refers: Iterable[str] = ()) -> Start:
+                feedback: ErrorFeedback, refers: Iterable[str] = (), *, mesh: MeshShape | None = None,
+                remat: bool = False) -> Start:
     """Restore from `checkpoint` (restoring `feedback` too; `refers`: the payload blobs it refers to), else
-    start from the seed."""
+    start from the seed. `mesh` and `remat`: the island's layout (`node.island.train.InnerLoop`)."""
     model, tokens = task.model, task.tokens_per_batch
+    layout = {"mesh": mesh, "remat": remat}
     if checkpoint is not None:
         try:
             ledger, snap, blobs = restore_ledger(checkpoint, config, shapes, bottom, store)
             checkpoint = dataclasses.replace(checkpoint, ledger=b"", outer={})
             params = {k[len("params/"):]: v for k, v in checkpoint.inner.items() if k.startswith("params/")}
-            loop = InnerLoop(model, batches, seed=seed, tokens_per_batch=tokens, params=params)
+            loop = InnerLoop(model, batches, seed=seed, tokens_per_batch=tokens, params=params, **layout)
             loop.load_state_dict(checkpoint.inner)
             feedback.load_state_dict(checkpoint.feedback)
             return Start(loop, ledger, snap, checkpoint, tuple(blobs))
@@ -58,5 +61,5 @@ def start_state(task: Task, batches: Iterable, seed: int, checkpoint: Checkpoint
             feedback.reset()
             for blob in refers:
                 store.remove(blob)
-    loop = InnerLoop(model, batches, seed=seed, tokens_per_batch=tokens)
+    loop = InnerLoop(model, batches, seed=seed, tokens_per_batch=tokens, **layout)
     return Start(loop, Ledger(loop.params, config, bottom=bottom))

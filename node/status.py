@@ -96,6 +96,7 @@ class NodeStats:
     model: str = ""  # the preset, and how many parameters
     inner_lr: float | None = None  # the inner optimizer's peak learning rate
     max_rounds: int | None = None
+    island: dict[str, Any] | None = None  # the inner loop's devices and mesh (`InnerLoop.layout`)
     round_seconds: Histogram | None = None  # set by StatusRoutes (/metrics): the wall time of each round
 
     @contextmanager
@@ -189,6 +190,7 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "reachability": host.outreach.reach.describe(),
         "blobs_leave": host.outreach.blobs_leave,
         "tls": host.tls is not None,
+        "island": stats.island,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
         "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},
         "peak_rss_bytes": peak_rss_bytes(),

@@ -67,7 +67,8 @@ def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8,
     fields: dict[str, object] = {f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}
     fields.update({f"inner.{k}": v for k, v in dataclasses.asdict(inner_cfg).items()})
     fields.update({"data.batch_size": batch_size, "data.data_seed": data_seed, "data.tokenizer": tokenizer})
-    return Model.from_nnx("byte-lm", lambda rngs: Transformer(model_cfg, rngs=rngs), _mean_nats, lr=inner_cfg.lr,
+    return Model.from_nnx("byte-lm", lambda rngs: Transformer(model_cfg, rngs=rngs), _mean_nats,
+                          remat_build=lambda rngs: Transformer(model_cfg, rngs=rngs, remat=True), lr=inner_cfg.lr,
                           optimizer=tx, schedule=schedule, evaluate=_summed_bits, metric="bits/byte",
                           embeddings=frozenset(embedding_names(model_cfg)), config=fields)
 

@@ -15,10 +15,12 @@ import typing
 from typing import Any
 
 __all__ = [
+    "MESH_AXES",
     "Config",
     "ConfigError",
     "DataConfig",
     "InnerConfig",
+    "MeshShape",
     "ModelConfig",
     "PRESETS",
     "overridden_fields",
@@ -43,6 +45,50 @@ def _check_fraction(obj: object, name: str, *, allow_zero: bool) -> None:
     if not (low_ok and value <= 1):
         bound = "[0, 1]" if allow_zero else "(0, 1]"
         raise ConfigError(f"{type(obj).__name__}.{name} must be in {bound}, got {value!r}")
+
+
+MESH_AXES = ("data", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+    """The sizes of the island's mesh axes; their product is the number of devices the island trains on."""
+
+    data: int = 1
+    fsdp: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in MESH_AXES:
+            size = getattr(self, axis)
+            if not (isinstance(size, int) and size >= 1):
+                raise ConfigError(f"--mesh: {axis} must be a whole number >= 1, got {size!r}")
+
+    @property
+    def size(self) -> int:
+        return self.data * self.fsdp
+
+    @classmethod
+    def parse(cls, text: str) -> MeshShape:
+        """`"data=2,fsdp=4"` (an axis left out is 1); `ConfigError` naming what is wrong otherwise."""
+        sizes: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            axis, eq, value = item.partition("=")
+            axis = axis.strip()
+            if not eq or axis not in MESH_AXES:
+                raise ConfigError(f"--mesh {text!r}: expected AXIS=SIZE items with AXIS one of {', '.join(MESH_AXES)}, "
+                                  f"e.g. data=2,fsdp=4")
+            if axis in sizes:
+                raise ConfigError(f"--mesh {text!r}: {axis} given twice")
+            try:
+                sizes[axis] = int(value)
+            except ValueError:
+                raise ConfigError(f"--mesh {text!r}: {axis} must be a whole number, got {value.strip()!r}") from None
+        if not sizes:
+            raise ConfigError(f"--mesh {text!r}: name at least one axis, e.g. fsdp=8")
+        return cls(**sizes)
+
+    def __str__(self) -> str:
+        return f"data={self.data},fsdp={self.fsdp}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -124,12 +124,17 @@ class Block(nnx.Module):
         return x_BxTxD + self.mlp(self.norm2(x_BxTxD))
 
 
+def _run_block(block: Block, x_BxTxD: jax.Array) -> jax.Array:
+    return block(x_BxTxD)
+
+
 class Transformer(nnx.Module):
     """Maps token ids `tokens_BxT` (int) to next-token logits `logits_BxTxV` (float32)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, remat: bool = False) -> None:
         dtype = jnp.dtype(cfg.dtype)
         self.cfg = cfg
+        self.remat = remat  # recompute each block's activations in the backward pass (`InnerLoop(remat=True)`)
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                                embedding_init=_normal(cfg.init_std), rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
@@ -141,7 +146,7 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
         x_BxTxD = self.embed(tokens_BxT)
         for block in self.blocks:
-            x_BxTxD = block(x_BxTxD)
+            x_BxTxD = nnx.remat(_run_block)(block, x_BxTxD) if self.remat else block(x_BxTxD)
         x_BxTxD = self.norm(x_BxTxD)
         if self.cfg.tie_embeddings:
             logits_BxTxV = self.embed.attend(x_BxTxD)

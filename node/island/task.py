@@ -92,6 +92,9 @@ class Model:
     embeddings: Iterable[str] = frozenset()  # flat names the outer step averages plainly (protocol.ledger)
     config: Mapping[str, object] = dataclasses.field(default_factory=dict)  # more run-wide fields peers must share
     trace: bool = True  # the run configuration holds the traced loss and optimizer (node.island.fingerprint)
+    # the same loss with each layer's activations recomputed in the backward pass (`jax.checkpoint` per layer),
+    # which `InnerLoop(remat=True)` trains with; a local memory choice, not part of the run configuration
+    remat_loss: Callable[[Any, Any], jax.Array] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -125,23 +128,29 @@ class Model:
         object.__setattr__(self, "_fields", {})
 
     @classmethod
-    def from_nnx(cls, name: str, build: Callable[[Any], Any], loss: Callable[[Any, Any], jax.Array], **kwargs: Any) -> Model:
+    def from_nnx(cls, name: str, build: Callable[[Any], Any], loss: Callable[[Any, Any], jax.Array], *,
+                 remat_build: Callable[[Any], Any] | None = None, **kwargs: Any) -> Model:
         """A model from a Flax NNX module: `build(rngs)` makes the module, `loss(module, batch)` its mean loss;
-        `nnx.Param` variables are what diloco trains. Other keyword arguments as for `Model`."""
+        `nnx.Param` variables are what diloco trains. `remat_build(rngs)`, when given, makes the same module
+        with its layers under `nnx.remat` (the `remat_loss`). Other keyword arguments as for `Model`."""
         from flax import nnx
 
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))), nnx.Param)
+        def merger(make: Callable[[Any], Any]) -> Callable[[Mapping[str, jax.Array]], Any]:
+            graphdef, _ = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(0))), nnx.Param)
+            return lambda flat: nnx.merge(graphdef, nnx.State(nest_flat(flat)))
 
         def init(key: jax.Array) -> dict[str, jax.Array]:
             state = nnx.state(build(nnx.Rngs(key)), nnx.Param)
             return {flat_name(path): var.get_value() for path, var in nnx.to_flat_state(state)}
 
-        def module(flat: Mapping[str, jax.Array]) -> Any:
-            return nnx.merge(graphdef, nnx.State(nest_flat(flat)))
+        module = merger(build)
 
         def loss_fn(flat: Mapping[str, jax.Array], batch: Any) -> jax.Array:
             return loss(module(flat), batch)
 
+        if remat_build is not None:
+            remat_module = merger(remat_build)
+            kwargs["remat_loss"] = lambda flat, batch: loss(remat_module(flat), batch)
         evaluate = kwargs.pop("evaluate", None)
         if evaluate is not None:
             kwargs["evaluate"] = lambda flat, batch: evaluate(module(flat), batch)
@@ -189,6 +198,13 @@ class Model:
 
     def flat_loss(self, flat: Mapping[str, jax.Array], batch: Any) -> jax.Array:
         return self.loss(self.unflatten(flat), batch)
+
+    def flat_remat_loss(self, flat: Mapping[str, jax.Array], batch: Any) -> jax.Array:
+        """`remat_loss` in flat form; `TaskError` for a model that gives none."""
+        if self.remat_loss is None:
+            raise TaskError(f"Model {self.name!r} gives no remat_loss: it cannot recompute its activations "
+                            "(Model(remat_loss=...), or Model.from_nnx(..., remat_build=...))")
+        return self.remat_loss(self.unflatten(flat), batch)
 
     def flat_evaluate(self, flat: Mapping[str, jax.Array], batch: Any) -> tuple[jax.Array, jax.Array]:
         """(summed loss, count) of a batch: the model's `evaluate`, else the mean loss times the batch size."""

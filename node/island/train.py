@@ -1,4 +1,4 @@
-"""The inner loop: local AdamW steps on one island, data-parallel over its devices.
+"""The inner loop: local AdamW steps on one island, over its devices (data-parallel, sharded, or both).
 
 `InnerLoop` trains one `node.island.task.Model` (the CLI's: `node.island.bytelm.byte_lm`); the node drives it
 one round at a time:
@@ -8,9 +8,14 @@ one round at a time:
     result = loop.run(500, should_stop=...)  # blocks; run it in a worker thread
     delta = {k: global_flat[k] - result.params[k] for k in global_flat}
 
-`train_step` is pure and jitted once per model, with parameter and optimizer buffers donated. The batch is
-sharded over a one-axis `jax.sharding.Mesh` ("data") of the island's devices and the parameters and
-optimizer state are replicated, so XLA inserts the gradient all-reduce. The learning-rate schedule is
+`train_step` is pure and jitted once per (model, mesh), with parameter and optimizer buffers donated. The
+island's devices form a ("data", "fsdp") mesh (`node.island.mesh`, `--mesh`): the batch is split over both
+axes, and the parameters and the optimizer state are sharded over "fsdp" and replicated over "data", so XLA
+inserts the all-gathers, reduce-scatters and all-reduces. Parameters leave the devices shard by shard into
+host memory (`params`: numpy assembles the shards; no device holds a whole sharded tensor) and come back the
+same way (`set_params`). `remat=True` trains with the model's `remat_loss`, which recomputes each layer's
+activations in the backward pass instead of keeping them (the byte-level model's blocks under `nnx.remat`).
+The learning-rate schedule is
 driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for optimizers built on an optax
 schedule), kept across rounds: the steps this loop did, unless a node that joined a running training moved it
 to the run's position (`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always
@@ -35,6 +40,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from node.island.bytelm import byte_lm_model, byte_lm_task
 from node.island.config import Config, ConfigError, preset
 from node.island.data import DataError, resolve_vocab
+from node.island.mesh import (MeshShape, auto_shape, batch_sharding, device_memory, island_mesh, param_shardings,
+                              resident_bytes, state_shardings)
 from node.island.task import Model, flat_name
 from protocol.errors import LocalProtocolError
 
@@ -107,25 +114,32 @@ class _Steps:
     train_step: Callable[..., Any]
     eval_step: Callable[..., Any]
     opt_init: Callable[..., Any]
+    params: dict[str, NamedSharding]  # each parameter's sharding
+    state: Any  # the optimizer state's shardings (a pytree like it)
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled_steps(model: Model, mesh: Mesh) -> _Steps:
+def _compiled_steps(model: Model, mesh: Mesh, remat: bool = False) -> _Steps:
     """The jitted functions for one (model, mesh): shared by every loop with those, so a baseline, a node
     and its evaluations compile each shape once per process."""
     tx = model.optimizer
-    rep, data = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+    rep, data = NamedSharding(mesh, PartitionSpec()), batch_sharding(mesh)
+    params = param_shardings(mesh, model.shapes)
+    abstract = {k: jax.ShapeDtypeStruct(shape, np.float32) for k, shape in sorted(model.shapes.items())}
+    state = state_shardings(mesh, jax.eval_shape(tx.init, abstract), params, model.shapes)
+    loss_fn = model.flat_remat_loss if remat else model.flat_loss
 
     def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(model.flat_loss)(params, batch)
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     return _Steps(
-        train_step=jax.jit(train_step, donate_argnums=(0, 1), in_shardings=(rep, rep, data),
-                           out_shardings=(rep, rep, rep)),
+        train_step=jax.jit(train_step, donate_argnums=(0, 1), in_shardings=(params, state, data),
+                           out_shardings=(params, state, rep)),
         eval_step=jax.jit(model.flat_evaluate, out_shardings=rep),
-        opt_init=jax.jit(tx.init, out_shardings=rep),
+        opt_init=jax.jit(tx.init, in_shardings=(params,), out_shardings=state),
+        params=params, state=state,
     )
 
 
@@ -154,20 +168,34 @@ class InnerLoop:
 
     def __init__(self, model: Model, batches: BatchSource, *, seed: int = 0, tokens_per_batch: int | None = None,
                  params: Mapping[str, np.ndarray] | None = None,
-                 devices: Sequence[jax.Device] | None = None) -> None:
+                 devices: Sequence[jax.Device] | None = None, mesh: MeshShape | None = None,
+                 remat: bool = False) -> None:
         self.model, self.batches = model, batches
         self.tokens_per_batch = tokens_per_batch or batches.batch_size * batches.seq_len
-        self.mesh = Mesh(np.asarray(list(devices or jax.local_devices())), ("data",))
+        devices = list(devices or jax.local_devices())
+        self.mesh_shape = mesh or auto_shape(len(devices), model.param_count, device_memory(devices[0]))
+        self.mesh = island_mesh(self.mesh_shape, devices)
         n_dev = self.mesh.devices.size
         if (batch_size := _leading(_example(batches))) % n_dev:
             raise ConfigError(f"batch size {batch_size} is not divisible by the {n_dev} devices")
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._by_batch = NamedSharding(self.mesh, PartitionSpec("data"))
-        self._steps = _compiled_steps(model, self.mesh)
+        self._by_batch = batch_sharding(self.mesh)
+        self.remat = remat
+        self._steps = _compiled_steps(model, self.mesh, remat)
         self._train_step = self._steps.train_step
         self._params = self._put(model.init_params(seed) if params is None else params)
         self._opt_state = self._steps.opt_init(self._params)
         self.step = 0
+
+    def layout(self) -> dict[str, Any]:
+        """How this island lays its training over its devices, for `/status` and logs: the devices, the mesh,
+        whether activations are recomputed, and the bytes of parameters and optimizer state the busiest
+        device holds per parameter (AdamW: 4 B of fp32 parameters and 8 of moments, 12 replicated, 1.5 at
+        fsdp=8)."""
+        held = resident_bytes((self._params, self._opt_state))
+        return {"devices": int(self.mesh.devices.size), "platform": self.mesh.devices.flat[0].platform,
+                "mesh": str(self.mesh_shape), "remat": self.remat,
+                "state_bytes_per_param": max(held.values()) / max(1, self.model.param_count)}
 
     @classmethod
     def byte_lm(cls, cfg: Config, batches: BatchSource, **kwargs: Any) -> InnerLoop:
@@ -181,12 +209,13 @@ class InnerLoop:
         self.model.check(flat)
         # A numpy copy first: jax.device_put may alias host memory (even with may_alias=False when the
         # array came from a jax array), and donation would then let XLA write into the caller's array.
-        return {k: jax.device_put(np.array(flat[k], np.float32, copy=True), self._replicated)
+        return {k: jax.device_put(np.array(flat[k], np.float32, copy=True), self._steps.params[k])
                 for k in sorted(flat)}
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        """Current local parameters, flat, as float32 numpy copies."""
+        """Current local parameters, flat, as float32 numpy copies (assembled on the host from the devices'
+        shards)."""
         return {k: np.array(v, dtype=np.float32, copy=True) for k, v in self._params.items()}
 
     def set_params(self, flat: Mapping[str, np.ndarray]) -> None:
@@ -199,7 +228,7 @@ class InnerLoop:
 
     def _shifted(self, moved: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         self.model.check(moved)
-        return {k: v + jax.device_put(np.asarray(moved[k], np.float32), self._replicated)
+        return {k: v + jax.device_put(np.asarray(moved[k], np.float32), self._steps.params[k])
                 for k, v in self._params.items()}
 
     def warm_up(self, eval_batches: Iterable[np.ndarray] = ()) -> float:
@@ -337,8 +366,9 @@ class InnerLoop:
             if np.shape(state[name]) != leaf.shape:
                 raise LocalProtocolError(f"{name} has shape {np.shape(state[name])}, expected {leaf.shape}")
         new_params = self._put(params)
-        opt_leaves = [jax.device_put(np.array(state[n], leaf.dtype, copy=True), self._replicated)
-                      for n, leaf in expected.items()]
+        shardings = jax.tree_util.tree_leaves(self._steps.state)
+        opt_leaves = [jax.device_put(np.array(state[n], leaf.dtype, copy=True), sharding)
+                      for (n, leaf), sharding in zip(expected.items(), shardings)]
         self._params = new_params
         self._opt_state = jax.tree_util.tree_unflatten(treedef, opt_leaves)
         self.step = int(state["step"])

@@ -19,6 +19,11 @@ written (``--json``):
   bf16 rate (``--peak-tflops`` × device count, or the datasheet figure for a known device: NVIDIA H100 and
   H200 SXM 989 TFLOP/s, A100 312; none on a CPU, so no MFU there).
 * ``device_peak_bytes``: the devices' peak memory in use (where the backend reports it).
+* ``--mesh data=D,fsdp=F`` (and ``--remat``) lays the island out as ``diloco-node --mesh`` does
+  (`node.island.mesh`; run with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` for 8 CPU devices).
+  ``device_bytes_per_param``: the parameters and optimizer state the busiest device holds, per parameter
+  (the arrays' own shards); ``xla_bytes_per_param``: XLA's compiled memory analysis of the train step per
+  device (arguments + temporaries: also gradients, gathered weights and activations), per parameter.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 import jax
 
 from node.island.bytelm import byte_lm_task
-from node.island.config import Config, ConfigError, preset
+from node.island.config import Config, ConfigError, MeshShape, preset
 from node.island.data import DataError, resolve_vocab
 from node.island.train import InnerLoop, measure_rates
 
@@ -68,11 +73,25 @@ def _device_peak_bytes() -> int | None:
     return int(max(peaks)) if peaks and None not in peaks else None
 
 
-def run(model: str, overrides: list[str], steps: int, repeats: int, peak_tflops: float | None) -> dict[str, Any]:
+def _xla_bytes(loop: InnerLoop) -> int | None:
+    """XLA's compiled memory analysis of the train step, per device: arguments + temporaries."""
+    try:
+        batch = jax.device_put(loop.batches.next_batch(), loop._by_batch)
+        mem = loop._train_step.lower(loop._params, loop._opt_state, batch).compile().memory_analysis()
+        return int(mem.argument_size_in_bytes + mem.temp_size_in_bytes) if mem is not None else None
+    except Exception:  # a backend without memory analysis
+        return None
+
+
+def run(model: str, overrides: list[str], steps: int, repeats: int, peak_tflops: float | None,
+        mesh: MeshShape | None = None, remat: bool = False) -> dict[str, Any]:
     cfg = resolve_vocab(preset(model).with_overrides_from_strings(overrides), overrides)
     task = byte_lm_task(cfg, eval_batches=1)
     batches, _ = task.open(cfg.data.shard_key)
-    loop = InnerLoop(task.model, batches, seed=cfg.inner.init_seed, tokens_per_batch=task.tokens_per_batch)
+    loop = InnerLoop(task.model, batches, seed=cfg.inner.init_seed, tokens_per_batch=task.tokens_per_batch,
+                     mesh=mesh, remat=remat)
+    layout = loop.layout()
+    xla_bytes = _xla_bytes(loop)
     devices = jax.local_devices()
     ours, bare = measure_rates(loop, steps, repeats)
     n_params = task.model.param_count
@@ -95,6 +114,9 @@ def run(model: str, overrides: list[str], steps: int, repeats: int, peak_tflops:
         "peak_tflops": peak * len(devices) if peak else None,
         "mfu": achieved / (peak * len(devices)) if peak else None,
         "device_peak_bytes": _device_peak_bytes(),
+        "mesh": layout["mesh"], "remat": remat,
+        "device_bytes_per_param": layout["state_bytes_per_param"],
+        "xla_bytes_per_param": xla_bytes / n_params if xla_bytes else None,
     }
 
 
@@ -107,7 +129,10 @@ def _line(f: dict[str, Any]) -> str:
             f"  InnerLoop.run {f['steps_per_s']:.2f} steps/s, {f['tokens_per_s']:,.0f} tokens/s | bare step "
             f"{f['bare_steps_per_s']:.2f} steps/s (loop/bare {f['loop_over_bare']:.3f})\n"
             f"  {f['flops_per_token'] / 1e9:.3g} GFLOP/token{xla} -> {f['model_tflops_per_s']:.1f} TFLOP/s | "
-            f"{mfu}{mem}")
+            f"{mfu}{mem}\n"
+            f"  mesh {f['mesh']}{' remat' if f['remat'] else ''}: {f['device_bytes_per_param']:.2f} B/param of params + "
+            f"optimizer state per device" + (f", XLA step {f['xla_bytes_per_param']:.1f} B/param per device"
+                                             if f["xla_bytes_per_param"] else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps per timed round (default 20)")
     ap.add_argument("--repeats", type=int, default=6, help="timed rounds of each kind (default 6)")
     ap.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s, for MFU (default: datasheet)")
+    ap.add_argument("--mesh", default=None, metavar="data=D,fsdp=F",
+                    help="the island's mesh, as diloco-node --mesh (default: chosen as the node does)")
+    ap.add_argument("--remat", action="store_true", help="recompute activations in the backward pass")
     ap.add_argument("--json", type=Path, help="write the figures to this file")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. batch_size=8")
     args = ap.parse_args(argv)
@@ -125,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         ap.error(f"--peak-tflops must be > 0, got {args.peak_tflops}")
     try:
-        figures = run(args.model, args.overrides, args.steps, args.repeats, args.peak_tflops)
+        mesh = MeshShape.parse(args.mesh) if args.mesh else None
+        figures = run(args.model, args.overrides, args.steps, args.repeats, args.peak_tflops, mesh, args.remat)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
