@@ -49,6 +49,7 @@ from node.outer.rounds import Rounds
 from node.outer.upkeep import BetweenRounds, HeldBlobs, vet_synced_state
 from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint
+from node.island.mesh import describe_layout
 from node.start import start_state
 from node.settings import NodeSettings, ledger_config, load_admission, open_checkpoints, run_configuration
 from node.status import NodeStats, StatusRoutes, status_fields, write_last_status
@@ -235,8 +236,7 @@ class NodeRuntime:
         ckpt, self._resume_from = self._resume_from, None
         start = await trio.to_thread.run_sync(functools.partial(
             start_state, self.task, self.batches, self.settings.seed, ckpt, self.ledger_config, self.shapes,
-            self.bottom_store, self.host.store, self.feedback, self._resume_blobs, mesh=self.settings.mesh,
-            remat=self.settings.remat))
+            self.bottom_store, self.host.store, self.feedback, self._resume_blobs, mesh=self.settings.mesh, remat=self.settings.remat))
         self.loop, ckpt, snap = start.loop, start.checkpoint, start.snapshot
         self._resume_blobs = self._resume_blobs if ckpt is not None else frozenset()  # unusable: removed
         self.blobs.hold_all(start.blobs)
@@ -247,10 +247,9 @@ class NodeRuntime:
             self.replica.proofs.update(proofs_of_doc(ckpt.meta.get("proofs")))  # served with the state
             log.info("resumed from checkpoint of round %d (slot %d)", ckpt.round, snap.slot)
         self.status.replica = self.replica
-        self.stats.island = island = self.loop.layout()
-        log.info("model ready: %d tensors on %d %s device(s), mesh %s%s (%.2f B/param of state per device); "
-                 "ledger at slot %d", len(self.shapes), island["devices"], island["platform"], island["mesh"],
-                 ", remat" if island["remat"] else "", island["state_bytes_per_param"], self.replica.slot)
+        self.stats.island = self.loop.layout()
+        log.info("model ready: %d tensors on %s; ledger at slot %d", len(self.shapes), describe_layout(self.stats.island),
+                 self.replica.slot)
 
     async def _warm_up(self, done: trio.Event) -> None:
         """Compile the train and evaluation steps (`InnerLoop.warm_up`) in a worker thread; sets `done`."""

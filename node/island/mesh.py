@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from node.island.config import MESH_AXES as AXES, ConfigError, MeshShape
 
-__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "device_memory", "island_mesh",
+__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "describe_layout", "device_memory", "island_mesh",
            "param_shardings", "param_spec", "resident_bytes", "state_shardings"]
 
 MIN_SHARDED_ELEMENTS = 4096
@@ -107,3 +107,10 @@ def resident_bytes(tree: Any) -> dict[jax.Device, int]:
         for shard in leaf.addressable_shards:
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     return held
+
+
+def describe_layout(layout: Mapping[str, Any]) -> str:
+    """One line of `InnerLoop.layout()`, for logs: "8 gpu device(s), mesh data=1,fsdp=8, remat (1.51 B/param ...)"."""
+    remat = ", remat" if layout["remat"] else ""
+    return (f"{layout['devices']} {layout['platform']} device(s), mesh {layout['mesh']}{remat} "
+            f"({layout['state_bytes_per_param']:.2f} B/param of state per device)")
