@@ -1,7 +1,9 @@
 """`diloco-node`: one training node of a peer-to-peer Decoupled DiLoCo run (docs/node-contract.md).
 
 stdout carries exactly two kinds of lines, flushed: `LISTENING <peer_id> <gossip host:port> <http host:port>`
-once both listeners are up, and `STOPPED <slot> <ledger digest hex> <params digest hex>` at the end.
+once both listeners are up, and `STOPPED <slot> <ledger digest hex> <params digest hex>` at the end (a
+follower process of an island of several hosts prints `ISLAND <process id> <processes> <coordinator>` only:
+`node.island.multihost`).
 Logs (one line per event, with the peer id) go to stderr; a user error is one line
 `diloco-node: error: <flag>: <what is wrong>` on stderr, before `LISTENING` where it can be known then.
 Exit status: 0 after `--max-rounds` or a SIGTERM/SIGINT (goodbye and checkpoint first), 2 for bad
@@ -36,6 +38,10 @@ On several hosts: listen on every interface and say how peers reach this node wh
   diloco-node --run-id R --key node.key --listen 0.0.0.0:7000 --http 0.0.0.0:8000 --advertise 203.0.113.7
 A node with --peers never starts a run of its own: until a peer answers it waits, logging each failed
 dial; GET /status shows "waiting_for" and "dial_failures".
+
+One node over several hosts (an island of N processes, one mesh over all their devices): the same command
+on each host with --coordinator HOST_A:PORT --num-processes N --process-id I; process 0 is the node, the
+others print "ISLAND <id> <N> <coordinator>" and train their devices' share (docs/deployment.md).
 
 Links: TLS 1.3 on both ports by default (nothing to set up: the certificate is made from --key, and proves
 its peer id to every peer, as libp2p's TLS does); the HTTP plane is https. Anyone may read an open run's
@@ -172,6 +178,18 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                        help="bound on any one update's influence: per tensor, updates larger than K x the slot's "
                             "median norm enter with that norm; 0 turns the bound off (default %(default)s; "
                             "PROTOCOL.md section 11c, docs/threat-model.md)")
+    island = p.add_argument_group(
+        "an island of several hosts",
+        "one node trained by several processes, one per host, over one JAX mesh of all their devices "
+        "(jax.distributed): start every process with the same command line but its --process-id. Process 0 "
+        "speaks for the island (network, ledger, HTTP, checkpoints, data); the others train their shards. When "
+        "one process dies the others exit within 10 s; restart them together (docs/deployment.md)")
+    island.add_argument("--coordinator", default="", metavar="HOST:PORT",
+                        help="where process 0 serves JAX's coordination service (process 0's host, a free port)")
+    island.add_argument("--num-processes", type=int, default=1, metavar="N",
+                        help="processes in the island (default %(default)s: this process alone)")
+    island.add_argument("--process-id", type=int, default=0, metavar="I",
+                        help="this process's index, 0 to N-1; 0 speaks for the island (default %(default)s)")
     ev = p.add_argument_group("evaluation and checkpoints")
     ev.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                     help="held-out loss (bits per byte; a library model's own metric) every ROUNDS rounds, once "
@@ -383,27 +401,48 @@ def main(argv: Sequence[str] | None = None, task: Any = None, on_metrics: Any = 
     except OSError as exc:
         print(f"diloco-node: error: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    from node.island import multihost
+
+    island = multihost.current()
     try:
-        from node.outer.outer_files import return_freed_memory
-        from node.runtime import NodeRuntime
+        island = multihost.join(args.coordinator, args.num_processes, args.process_id)  # before JAX is used
+        if not island.speaks:
+            from node.island.follow import follow
 
-        return_freed_memory()
-
-        runtime = NodeRuntime(settings_from_args(args), task=task, on_metrics=on_metrics)
-        if args.adopt and runtime.settings.peers:
-            from node.adopt import adopt_run_config
-
-            from p2p.tls import Credentials
-
-            credentials = None if runtime.settings.insecure else Credentials(runtime.identity)
-            settings = trio.run(partial(adopt_run_config, credentials=credentials, identity=runtime.identity,
-                                        admission=runtime.admission), runtime.settings,
-                                runtime.admission.founder, given, min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
-            if settings is not runtime.settings:
-                runtime = NodeRuntime(settings, runtime.identity, task, on_metrics)
-        return trio.run(_serve, runtime, args.stop_timeout)
+            print(f"ISLAND {island.process_id} {island.process_count} {args.coordinator}", flush=True)
+            follow(island, task)
+            return 0
+        try:
+            status = _speak(args, given, task, on_metrics)
+        finally:
+            island.close()
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - user errors reported, bugs re-raised
-        return _report(exc)
+        status = _report(exc)
+    if status and not island.single:
+        island.leave(status)  # the other processes go down with this one
+    return status
+
+
+def _speak(args: argparse.Namespace, given: frozenset[str], task: Any, on_metrics: Any) -> int:
+    """Run the node of this process (of its island: process 0)."""
+    from node.outer.outer_files import return_freed_memory
+    from node.runtime import NodeRuntime
+
+    return_freed_memory()
+
+    runtime = NodeRuntime(settings_from_args(args), task=task, on_metrics=on_metrics)
+    if args.adopt and runtime.settings.peers:
+        from node.adopt import adopt_run_config
+
+        from p2p.tls import Credentials
+
+        credentials = None if runtime.settings.insecure else Credentials(runtime.identity)
+        settings = trio.run(partial(adopt_run_config, credentials=credentials, identity=runtime.identity,
+                                    admission=runtime.admission), runtime.settings,
+                            runtime.admission.founder, given, min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
+        if settings is not runtime.settings:
+            runtime = NodeRuntime(settings, runtime.identity, task, on_metrics)
+    return trio.run(_serve, runtime, args.stop_timeout)
 
 
 if __name__ == "__main__":

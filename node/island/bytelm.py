@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,16 @@ def byte_lm(model_cfg: ModelConfig, inner_cfg: InnerConfig, batch_size: int = 8,
                           remat_build=lambda rngs: Transformer(model_cfg, rngs=rngs, remat=True), lr=inner_cfg.lr,
                           optimizer=tx, schedule=schedule, evaluate=_summed_bits, metric="bits/byte",
                           embeddings=frozenset(embedding_names(model_cfg)), config=fields)
+
+
+def byte_lm_of_fields(fields: Mapping[str, object]) -> Model:
+    """The byte-level model whose `Model.config` is `fields` (the follower of an island builds its speaker's,
+    `node.island.follow`)."""
+    def part(prefix: str) -> dict[str, object]:
+        return {k[len(prefix):]: v for k, v in fields.items() if k.startswith(prefix)}
+
+    return byte_lm(ModelConfig(**part("model.")), InnerConfig(**part("inner.")), int(fields["data.batch_size"]),
+                   int(fields["data.data_seed"]), str(fields["data.tokenizer"]))
 
 
 def byte_lm_model(cfg: Config) -> Model:

@@ -28,8 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from node.island.config import MESH_AXES as AXES, ConfigError, MeshShape
 
-__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "describe_layout", "device_memory", "island_mesh",
-           "param_shardings", "param_spec", "resident_bytes", "state_shardings"]
+__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "describe_layout", "device_memory",
+           "host_copy", "island_mesh", "param_shardings", "param_spec", "resident_bytes", "state_shardings"]
 
 MIN_SHARDED_ELEMENTS = 4096
 # fp32 parameters + AdamW's two moments + fp32 gradients: what a replicated island holds per parameter
@@ -98,6 +98,35 @@ def state_shardings(mesh: Mesh, abstract_state: Any, params: Mapping[str, NamedS
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """A batch split on its leading axis over every device of the island."""
     return NamedSharding(mesh, PartitionSpec(AXES))
+
+
+def _covered_by_every_process(x: jax.Array) -> bool:
+    """Whether each process's own shards of `x` make up all of it (replicated, or split within each host
+    only): the same answer on every process, from the sharding alone."""
+    held: dict[int, set[tuple]] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        held.setdefault(device.process_index, set()).add(
+            tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)))
+    size = math.prod(x.shape)
+    return all(sum(math.prod(stop - start for start, stop in box) for box in boxes) == size
+               for boxes in held.values())
+
+
+def host_copy(x: jax.Array) -> np.ndarray:
+    """`x` as a fresh numpy array in this host's memory, assembled from its shards: this process's own when
+    they make up the whole (no device holds a gathered tensor), else gathered from the island's processes
+    (`multihost_utils.process_allgather`, a collective every process makes: one tensor at a time on the
+    devices)."""
+    if x.is_fully_addressable:
+        return np.array(x, copy=True)
+    if _covered_by_every_process(x):
+        out = np.empty(x.shape, x.dtype)
+        for shard in x.addressable_shards:
+            out[shard.index] = np.asarray(shard.data)
+        return out
+    from jax.experimental import multihost_utils
+
+    return np.array(multihost_utils.process_allgather(x, tiled=True), copy=True)
 
 
 def resident_bytes(tree: Any) -> dict[jax.Device, int]:

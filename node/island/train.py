@@ -40,8 +40,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from node.island.bytelm import byte_lm_model, byte_lm_task
 from node.island.config import Config, ConfigError, preset
 from node.island.data import DataError, resolve_vocab
-from node.island.mesh import (MeshShape, auto_shape, batch_sharding, device_memory, island_mesh, param_shardings,
-                              resident_bytes, state_shardings)
+from node.island.mesh import (MeshShape, auto_shape, batch_sharding, device_memory, host_copy, island_mesh,
+                              param_shardings, resident_bytes, state_shardings)
+from node.island.multihost import CALLBACK, Island, announce_init, current, mirrored
 from node.island.task import Model, flat_name
 from protocol.errors import LocalProtocolError
 
@@ -155,6 +156,10 @@ def _leading(batch: Any) -> int:
     return int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
 
 
+def _shape_lists(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, list[int]]:
+    return {k: [int(n) for n in shape] for k, shape in sorted(shapes.items())}
+
+
 class InnerLoop:
     """Local training state of one island (params, AdamW state, step counts, data position).
 
@@ -164,28 +169,53 @@ class InnerLoop:
 
     Not thread-safe: one thread at a time may call its methods (the node's worker thread). All arrays
     handed in are copied; all arrays handed out are fresh numpy copies.
+
+    On an island of several processes (`node.island.multihost`) the loop spans every process's devices: the
+    speaker's loop announces each call that touches them (`mirrored`) and the followers' loops (built with
+    `batches=None`: the speaker draws every batch and shares it) make the same calls.
     """
 
-    def __init__(self, model: Model, batches: BatchSource, *, seed: int = 0, tokens_per_batch: int | None = None,
-                 params: Mapping[str, np.ndarray] | None = None,
+    def __init__(self, model: Model, batches: BatchSource | None, *, seed: int = 0,
+                 tokens_per_batch: int | None = None, params: Mapping[str, np.ndarray] | None = None,
                  devices: Sequence[jax.Device] | None = None, mesh: MeshShape | None = None,
-                 remat: bool = False) -> None:
+                 remat: bool = False, island: Island | None = None, example: Any = None) -> None:
+        self.island = island or current()
         self.model, self.batches = model, batches
-        self.tokens_per_batch = tokens_per_batch or batches.batch_size * batches.seq_len
-        devices = list(devices or jax.local_devices())
+        tokens_per_batch = tokens_per_batch or batches.batch_size * batches.seq_len
+        example = _example(batches) if example is None else example
+        params = model.init_params(seed) if params is None else params
+        announce_init(self.island, model_name=model.name, model_config=dict(model.config),
+                      tokens_per_batch=tokens_per_batch, example=example, params=dict(params),
+                      mesh=None if mesh is None else str(mesh), remat=remat, shapes=_shape_lists(model.shapes))
+        self.tokens_per_batch, self._example_batch = tokens_per_batch, example
+        if devices is not None and not self.island.single:
+            raise ConfigError("an island of several processes trains on all their devices: devices= cannot be given")
+        devices = list(devices or self.island.devices())
         self.mesh_shape = mesh or auto_shape(len(devices), model.param_count, device_memory(devices[0]))
         self.mesh = island_mesh(self.mesh_shape, devices)
         n_dev = self.mesh.devices.size
-        if (batch_size := _leading(_example(batches))) % n_dev:
+        if (batch_size := _leading(example)) % n_dev:
             raise ConfigError(f"batch size {batch_size} is not divisible by the {n_dev} devices")
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self._by_batch = batch_sharding(self.mesh)
         self.remat = remat
         self._steps = _compiled_steps(model, self.mesh, remat)
         self._train_step = self._steps.train_step
-        self._params = self._put(model.init_params(seed) if params is None else params)
+        self._params = self._put(params)
         self._opt_state = self._steps.opt_init(self._params)
         self.step = 0
+
+    @classmethod
+    def follower(cls, model: Model, *, tokens_per_batch: int, example: Any, params: Mapping[str, np.ndarray],
+                 mesh: str | None, remat: bool, shapes: Mapping[str, list[int]], **_: Any) -> InnerLoop:
+        """(follower) The loop the speaker built (the arguments it announced, `node.island.follow`), for this
+        process's `model`: the same tensors, or a `ConfigError` saying this process has another model."""
+        if _shape_lists(model.shapes) != dict(shapes):
+            raise ConfigError(f"island process {current().process_id}: its model ({model.name}, "
+                              f"{model.param_count:,} parameters) is not the speaker's; start every process of "
+                              f"the island with the same model flags")
+        return cls(model, None, tokens_per_batch=tokens_per_batch, params=params, remat=remat,
+                   mesh=None if mesh is None else MeshShape.parse(mesh), example=example)
 
     def layout(self) -> dict[str, Any]:
         """How this island lays its training over its devices, for `/status` and logs: the devices, the mesh,
@@ -194,7 +224,7 @@ class InnerLoop:
         fsdp=8)."""
         held = resident_bytes((self._params, self._opt_state))
         return {"devices": int(self.mesh.devices.size), "platform": self.mesh.devices.flat[0].platform,
-                "mesh": str(self.mesh_shape), "remat": self.remat,
+                "processes": self.island.process_count, "mesh": str(self.mesh_shape), "remat": self.remat,
                 "state_bytes_per_param": max(held.values()) / max(1, self.model.param_count)}
 
     @classmethod
@@ -213,11 +243,13 @@ class InnerLoop:
                 for k in sorted(flat)}
 
     @property
+    @mirrored
     def params(self) -> dict[str, np.ndarray]:
         """Current local parameters, flat, as float32 numpy copies (assembled on the host from the devices'
-        shards)."""
-        return {k: np.array(v, dtype=np.float32, copy=True) for k, v in self._params.items()}
+        shards; `node.island.mesh.host_copy`)."""
+        return {k: host_copy(v) for k, v in self._params.items()}
 
+    @mirrored
     def set_params(self, flat: Mapping[str, np.ndarray]) -> None:
         """Replace the parameters (start of a round from the global params). AdamW state, the step
         count and the data position are kept, as in DiLoCo. Raises `LocalProtocolError` on a name or
@@ -231,6 +263,7 @@ class InnerLoop:
         return {k: v + jax.device_put(np.asarray(moved[k], np.float32), self._steps.params[k])
                 for k, v in self._params.items()}
 
+    @mirrored
     def warm_up(self, eval_batches: Iterable[np.ndarray] = ()) -> float:
         """Compile (or load from JAX's persistent cache) the train step and the evaluation step for the
         shapes of this loop's batches and of `eval_batches`, on copies: no state changes, no batch is
@@ -239,7 +272,7 @@ class InnerLoop:
         start = time.perf_counter()
         params = jax.tree.map(lambda x: x.copy(), self._params)
         opt_state = jax.tree.map(lambda x: x.copy(), self._opt_state)
-        batch = jax.device_put(_example(self.batches), self._by_batch)
+        batch = jax.device_put(self._example_batch, self._by_batch)
         jax.block_until_ready(self._train_step(params, opt_state, batch))
         seen = set()
         for batch in eval_batches:
@@ -249,7 +282,7 @@ class InnerLoop:
                 jax.block_until_ready(self._steps.eval_step(self._params, self._put_batch(batch)))
         return time.perf_counter() - start
 
-
+    @mirrored
     def run(self, steps: int, *, should_stop: Callable[[], bool] | None = None,
             shift: Callable[[], Mapping[str, np.ndarray] | None] | None = None,
             progress: Callable[[Progress], None] | None = None) -> RoundResult:
@@ -267,16 +300,18 @@ class InnerLoop:
             raise LocalProtocolError(f"steps must be >= 0, got {steps}")
         start = time.perf_counter()
         pending: list[jax.Array] = []
+        island, draw = self.island, self.batches.next_batch if self.batches is not None else CALLBACK
         for _ in range(steps):
-            if should_stop is not None and should_stop():
+            if island.decide(should_stop):
                 break
             if progress is not None and pending:
-                progress(Progress(len(pending), time.perf_counter() - start,
-                                  lambda n=len(pending): tuple(float(x) for x in jax.device_get(pending[:n]))))
-            moved = shift() if shift is not None else None
+                island.callback(self, progress, Progress(
+                    len(pending), time.perf_counter() - start,
+                    lambda n=len(pending): tuple(float(x) for x in jax.device_get(pending[:n]))))
+            moved = island.decide(shift)
             if moved is not None:
                 self._params = self._shifted(moved)
-            batch = jax.device_put(self.batches.next_batch(), self._by_batch)
+            batch = jax.device_put(island.decide(draw), self._by_batch)
             self._params, self._opt_state, loss = self._train_step(self._params, self._opt_state, batch)
             pending.append(loss)
             if len(pending) >= 2:
@@ -293,6 +328,7 @@ class InnerLoop:
         sharding = self._by_batch if _leading(batch) % self.mesh.devices.size == 0 else self._replicated
         return jax.device_put(batch, sharding)
 
+    @mirrored
     def evaluate(self, batches: Iterable[Any], params: Mapping[str, np.ndarray] | None = None) -> float:
         """The model's mean held-out loss (`Model.metric`: bits per byte for the byte-level model) over
         `batches`, of the current params, or of `params` if given (the loop's own are left untouched).
@@ -321,6 +357,7 @@ class InnerLoop:
         count = _schedule_count(self._opt_state)
         return self.step if count is None else int(jax.device_get(count))
 
+    @mirrored
     def set_schedule_step(self, step: int) -> None:
         """Move the learning-rate schedule to `step` (a node joining a running training takes the run's
         position, not 0); later steps count on from there. Only the schedule's count moves: AdamW's own
@@ -342,16 +379,18 @@ class InnerLoop:
 
     # -- checkpoints -------------------------------------------------------------------------------
 
+    @mirrored
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue identically: `params/<name>`, `opt/<path>`, `step`,
         `data_position`; all numpy arrays (copies)."""
         state = {f"params/{k}": v for k, v in self.params.items()}
         names, leaves, _ = _tree_names(self._opt_state)
-        state.update({f"opt/{n}": np.array(leaf, copy=True) for n, leaf in zip(names, leaves)})
+        state.update({f"opt/{n}": host_copy(leaf) for n, leaf in zip(names, leaves)})
         state["step"] = np.asarray(self.step, np.int64)
-        state["data_position"] = np.asarray(self.batches.position, np.int64)
+        state["data_position"] = np.asarray(self.batches.position if self.batches is not None else 0, np.int64)
         return state
 
+    @mirrored
     def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore from `state_dict()` output (of a loop with the same configs). Raises
         `LocalProtocolError` if names or shapes differ; on error nothing is changed."""
@@ -372,7 +411,8 @@ class InnerLoop:
         self._params = new_params
         self._opt_state = jax.tree_util.tree_unflatten(treedef, opt_leaves)
         self.step = int(state["step"])
-        self.batches.seek(int(state["data_position"]))
+        if self.batches is not None:
+            self.batches.seek(int(state["data_position"]))
 
 
 # ---- single-island CLI ---------------------------------------------------------------------------
