@@ -9,10 +9,11 @@ ledger, HTTP, checkpoints, the data); the others, the *followers*, only train th
 Every `InnerLoop` call that touches the devices is a *command* (`mirrored`): the speaker announces its name and
 arguments, and each follower (`Island.serve`) makes the same call on its own `InnerLoop`. What a follower needs
 from the speaker's host memory (parameters, batches, the per-step decisions of the node's callbacks) is
-*shared* (`Island.share`): a small header (msgpack) through the JAX coordination service's key-value store,
-the arrays through `jax.experimental.multihost_utils.broadcast_one_to_all`, an XLA collective (gloo on the
-CPU, NCCL on GPUs, the interconnect on TPUs), as raw bits (integer sums of the speaker's words and zeros:
-exact, so every process holds the same bits). Nothing is sent by hand.
+*shared* (`Island.share`): a header (msgpack) through the JAX coordination service's key-value store, with
+the arrays in it when they are small (a batch), else through
+`jax.experimental.multihost_utils.broadcast_one_to_all`, an XLA collective (gloo on the CPU, NCCL on GPUs, the
+interconnect on TPUs), as raw bits (integer sums of the speaker's words and zeros: exact, so every process
+holds the same bits). Nothing is sent by hand.
 
 An island fails as a unit: JAX's coordination service checks heartbeats, and when one process dies the
 others abort within the heartbeat timeout (`join`). Restarted together (the coordinator on the speaker's
@@ -46,6 +47,8 @@ log = logging.getLogger("node.island")
 CALLBACK = "callback"  # what a follower sees in place of one of the speaker's callables
 INIT, RESUME = "__init__", "__resume__"  # commands beside InnerLoop's methods
 CHUNK_BYTES = 64 << 20  # arrays are broadcast in buckets of at most this (a device holds one at a time)
+INLINE_BYTES = 256 << 10  # arrays up to this in all ride in the header (a batch: one store round trip, no collective)
+MAX_UNREAD = 256  # headers kept in the store before a share goes by collective anyway (after which they are dropped)
 WAIT_MS = 60_000  # a follower waiting for the speaker's next command logs once a minute
 KEY = "diloco/island/{}"
 
@@ -89,11 +92,14 @@ class Island:
         self._seq += 1
         if self.speaks:
             arrays: list[np.ndarray] = []
-            header = msgpack.packb([_encode(value, arrays), [a.nbytes for a in arrays], closing])
-            self._client.key_value_set_bytes(key, header)
+            tree = _encode(value, arrays)
+            packed = _pack(arrays) if arrays else None
+            inline = packed is not None and packed.nbytes <= INLINE_BYTES and len(self._unread) < MAX_UNREAD
+            header = [tree, [a.nbytes for a in arrays], closing, packed.tobytes() if inline else None]
+            self._client.key_value_set_bytes(key, msgpack.packb(header))
             self._unread.append(key)
-            if arrays:
-                _broadcast_bytes(_pack(arrays), self.speaks)
+            if packed is not None and not inline:
+                _broadcast_bytes(packed, self.speaks)
                 self._forget_read()
             return value
         while True:
@@ -104,11 +110,14 @@ class Island:
                 if "DEADLINE" not in str(exc).upper():
                     raise
                 log.info("island process %d: waiting for the speaker", self.process_id)
-        tree, sizes, closed = msgpack.unpackb(header)
+        tree, sizes, closed, inline = msgpack.unpackb(header)
         if closed:
             raise IslandClosed
-        arrays = _unpack(_broadcast_bytes(None, self.speaks, sum(_aligned(n) for n in sizes)), sizes) if sizes else []
-        return _decode(tree, arrays)
+        if inline is not None:
+            buffer = np.frombuffer(inline, np.uint8)
+        elif sizes:
+            buffer = _broadcast_bytes(None, self.speaks, sum(_aligned(n) for n in sizes))
+        return _decode(tree, _unpack(buffer, sizes) if sizes else [])
 
     def _forget_read(self) -> None:
         """After a collective every follower has read the headers before it: drop them from the store."""

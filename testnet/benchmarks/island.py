@@ -15,7 +15,9 @@ check and a base shift asked before every step, `InnerLoop.run`), the round's pa
 
 Printed and written (``--json``), medians over ``--repeats`` runs of each, alternated (A-B-A-B):
 ``steps_per_s`` of each and ``island_over_alone``, and ``boundary_s``, the seconds a round spends outside its
-steps (parameters in and out). It measures the island's own overhead on one machine, not a network between
+steps (parameters in and out); and ``share_ms_per_step``, what the island's own machinery adds to a step (the
+three shares of a step: the stop check, the shift, the batch; `Island.share`), timed alone, so that the rest
+of the difference is XLA's collectives between the processes. It measures the island's own overhead on one machine, not a network between
 hosts (that is the links' and XLA's collectives'), and on a CPU, where a step of a small model is short, so
 the overhead per step weighs far more than on an accelerator.
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = r"""
-import json, sys, time
+import json, statistics, sys, time
 from node.island import multihost
 process, count, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 island = multihost.join(f"127.0.0.1:{port}", count, process) if count > 1 else multihost.current()
@@ -46,11 +48,21 @@ from node.island.data import resolve_vocab
 from node.island.follow import follow
 from node.island.train import InnerLoop
 
+cfg = resolve_vocab(preset(spec["model"]).with_overrides_from_strings(spec["overrides"]), spec["overrides"])
+task = byte_lm_task(cfg)
+if spec["shares"]:  # what the island's own machinery costs a step: a stop check, a shift, the batch
+    batch, shares = np.zeros(task.example.shape, np.int32), 50
+    island.share(batch if island.speaks else None)
+    t0 = time.perf_counter()
+    for _ in range(shares):
+        for value in (False, None, batch):
+            island.share(value if island.speaks else None)
+    print("RESULT", json.dumps({"share_ms_per_step": (time.perf_counter() - t0) / shares * 1e3,
+                                "batch_bytes": batch.nbytes}), flush=True)
+    sys.exit(0)
 if not island.speaks:
     follow(island)
     sys.exit(0)
-cfg = resolve_vocab(preset(spec["model"]).with_overrides_from_strings(spec["overrides"]), spec["overrides"])
-task = byte_lm_task(cfg)
 batches, _ = task.open("peer-a")
 loop = InnerLoop(task.model, batches, seed=0, tokens_per_batch=task.tokens_per_batch,
                  mesh=MeshShape.parse(spec["mesh"]))
@@ -114,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
 
     n = MeshShape.parse(args.mesh).size
     spec = {"model": args.model, "overrides": args.overrides, "mesh": args.mesh, "steps": args.steps,
-            "rounds": args.rounds}
+            "rounds": args.rounds, "shares": False}
     runs: dict[str, list[dict]] = {"alone": [], "island": []}
+    shares = _run(n, 1, dict(spec, shares=True), args.timeout)
     started = time.perf_counter()
     for i in range(args.repeats):
         for name in ("alone", "island") if i % 2 == 0 else ("island", "alone"):
@@ -128,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
            for name, rs in runs.items()}
     out.update(model=args.model, mesh=args.mesh, steps=args.steps, rounds=args.rounds, repeats=args.repeats,
                overrides=args.overrides, island_over_alone=out["island"]["steps_per_s"] / out["alone"]["steps_per_s"],
+               share_ms_per_step=shares["share_ms_per_step"], batch_bytes=shares["batch_bytes"],
                seconds=time.perf_counter() - started)
     print(f"island of {n} processes {out['island']['steps_per_s']:.1f} steps/s | one process of {n} devices "
           f"{out['alone']['steps_per_s']:.1f} steps/s | ratio {out['island_over_alone']:.3f} | outside the steps "
-          f"per round: {out['island']['boundary_s'] * 1e3:.0f} ms against {out['alone']['boundary_s'] * 1e3:.0f} ms",
+          f"per round: {out['island']['boundary_s'] * 1e3:.0f} ms against {out['alone']['boundary_s'] * 1e3:.0f} ms "
+          f"| the island's shares {out['share_ms_per_step']:.2f} ms per step (a {out['batch_bytes']:,} B batch)",
           flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

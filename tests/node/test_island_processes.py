@@ -1,8 +1,9 @@
 """An island of two processes (tier b): `jax.distributed` on this machine, one CPU device per process, gloo
 between them, the mesh `fsdp=2` (every large tensor split across the two processes). Driven the way the node
 drives its loop (callbacks, a shift, a progress hook that reads the parameters, evaluation, a state dict and
-its restore), it takes bit for bit the steps of one process with two devices; and a follower whose program
-trains another model says so and stops."""
+its restore), it takes bit for bit the steps of one process with two devices (its batches shared in the
+coordination service's store, its parameters by broadcast); and a follower whose program trains another
+model says so and stops. The wire format of a share keeps what a batch's pytree is made of."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import pathlib
 import socket
 import subprocess
 import sys
+
+import numpy as np
+
+from node.island.multihost import INLINE_BYTES, _decode, _encode, _pack, _unpack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -32,7 +37,7 @@ cfg = preset("tiny").with_overrides(seq_len=32, d_model=d_model, n_heads=2, d_ff
                                     warmup_steps=2)
 if not island.speaks:
     # a library program's own model (the CLI's byte-level model follows the speaker's fields instead)
-    own = None if d_model == 64 else Task(model=byte_lm_model(cfg), batches=lambda key: iter(()), tokens_per_batch=1)
+    own = None if d_model == 128 else Task(model=byte_lm_model(cfg), batches=lambda key: iter(()), tokens_per_batch=1)
     try:
         follow(island, own)
     except ConfigError as exc:
@@ -69,7 +74,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(process: int, count: int, port: int, d_model: int = 64, devices: int = 1) -> subprocess.Popen:
+def spawn(process: int, count: int, port: int, d_model: int = 128, devices: int = 1) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     return subprocess.Popen([sys.executable, "-c", SCRIPT, str(process), str(count), str(port), str(d_model)],
@@ -115,3 +120,17 @@ def test_a_follower_whose_program_has_another_model_says_so_and_stops():
     finally:
         speaker.kill()
         speaker.communicate()
+
+
+def test_a_share_comes_back_as_it_went():
+    value = {"batch": (np.arange(12, dtype=np.int32).reshape(3, 4), np.float32(2.5)), "stop": False, "n": 3,
+             "rows": [np.array(-0.0, np.float32), np.zeros((0, 5), np.float16)], "none": None, "name": "x"}
+    arrays: list[np.ndarray] = []
+    tree = _encode(value, arrays)
+    back = _decode(tree, _unpack(_pack(arrays), [a.nbytes for a in arrays]))
+    assert isinstance(back["batch"], tuple) and isinstance(back["rows"], list)
+    assert back["batch"][0].dtype == np.int32 and back["batch"][0].tolist() == value["batch"][0].tolist()
+    assert back["batch"][1].shape == () and back["batch"][1].dtype == np.float32 and float(back["batch"][1]) == 2.5
+    assert np.signbit(back["rows"][0]) and back["rows"][1].shape == (0, 5)  # -0.0 keeps its bits
+    assert {k: back[k] for k in ("stop", "n", "none", "name")} == {"stop": False, "n": 3, "none": None, "name": "x"}
+    assert 16 * 33 * 4 < INLINE_BYTES < 4 * 250_000  # a test batch rides inline, the ~295k parameters do not
