@@ -246,7 +246,11 @@ class InnerLoop:
     @mirrored
     def params(self) -> dict[str, np.ndarray]:
         """Current local parameters, flat, as float32 numpy copies (assembled on the host from the devices'
-        shards; `node.island.mesh.host_copy`)."""
+        shards; `node.island.mesh.host_copy`). Every tensor's transfer is started before the first is waited
+        for, so that they overlap."""
+        for v in self._params.values():
+            if v.is_fully_addressable:
+                v.copy_to_host_async()
         return {k: host_copy(v) for k, v in self._params.items()}
 
     @mirrored
