@@ -47,6 +47,7 @@ def shapes_of(t: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     return {k: v.shape for k, v in t.items()}
 
 
+@pytest.mark.slow
 @given(tensor_dicts, st.sampled_from(list(Codec)))
 def test_roundtrip_keeps_names_shapes_and_length(t: dict[str, np.ndarray], codec: Codec) -> None:
     payload = encode_tensors(t, codec)

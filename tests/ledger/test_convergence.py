@@ -4,11 +4,13 @@ synchronous DiLoCo at equal samples; without the staleness weight they do measur
 The scenario lives in ``protocol.ledger.demo`` (``python -m protocol.ledger.demo`` prints the whole table).
 """
 
+import pytest
 import numpy as np
 
 from protocol.ledger.demo import Problem, compare
 
 
+@pytest.mark.slow
 def test_async_matches_sync_and_staleness_weighting_helps():
     res = compare(Problem(rounds_equivalent=16), seeds=3)
     loss = {mode: float(np.mean([r.excess_loss for r in rs])) for mode, rs in res.items()}

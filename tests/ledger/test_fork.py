@@ -186,6 +186,7 @@ def copy(led: Ledger) -> Ledger:
     return Ledger.from_snapshot(led.snapshot(), led.config)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(scenarios())
 def test_verdicts_are_antisymmetric_stable_in_time_and_lead_to_one_state(sc):

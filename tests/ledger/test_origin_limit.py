@@ -159,6 +159,7 @@ def floods(draw):
     return window, k, slots, updates
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(case=floods(), order_seed=st.integers(0, 2**31))
 def test_replicas_agree_under_floods_whatever_the_order(case, order_seed):

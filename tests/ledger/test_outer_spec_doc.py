@@ -441,6 +441,7 @@ def test_the_fingerprint_table_lists_the_ledgers_fingerprint() -> None:
     assert keys == list(LedgerConfig().fingerprint())
 
 
+@pytest.mark.slow
 def test_a_larger_case_follows_the_definitions_bit_for_bit() -> None:
     """What the small example cannot pin down: tensors of three norm chunks (150,001 and 150,000 elements),
     five updates arriving out of id order with non-integer weights, a late fold. The written definitions

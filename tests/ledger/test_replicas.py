@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,6 +106,7 @@ def rel_diff(a, b, floor: float = 1e-30):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a) / scale
 
 
+@pytest.mark.slow
 @settings(max_examples=60)
 @given(case=cases(), order_seed=st.integers(0, 2**31))
 def test_replicas_agree_whatever_the_order(case, order_seed):

@@ -87,6 +87,7 @@ def test_a_certificate_needs_every_cosine_above_kappa_by_the_margin(aggregation)
     assert verdicts[1e-2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(5))
 def test_a_certified_late_update_is_kept_by_the_full_screen_too(seed):
     """Random slots of 2–12 updates, honest ones of every degree of agreement and hostile ones of every kind,

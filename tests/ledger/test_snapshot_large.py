@@ -20,6 +20,7 @@ def zero_snapshot(numel: int) -> LedgerSnapshot:
                           base_momentum={"w": np.zeros(numel, np.float32)}, entries=(), chain=bytes(32), seen=(), counters={})
 
 
+@pytest.mark.slow
 def test_a_snapshot_over_4_gib_round_trips():
     if psutil.virtual_memory().available < 10 * GIB:
         pytest.skip("needs 10 GiB of free memory")

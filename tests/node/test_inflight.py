@@ -115,6 +115,7 @@ def test_the_cadence_waits_its_interval_and_keeps_writes_under_five_percent() ->
         InflightJournal("/tmp", every_s=0.0)
 
 
+@pytest.mark.slow
 def test_the_progress_hook_sees_the_round_as_it_would_be_published(config, dataset) -> None:
     """Between steps the hook sees the steps done; Δ against the moved base taken then equals Δ of a round
     of that many steps (the same batches), and the hook changes nothing in the round."""

@@ -35,6 +35,7 @@ def test_flat_round_trip_is_exact(config):
     assert not np.array_equal(flatten_params(model)["norm.scale"], other["norm.scale"])
 
 
+@pytest.mark.slow
 def test_a_built_model_computes_what_the_functional_apply_computes(config):
     flat = init_params(config.model, seed=1)
     tokens = np.random.default_rng(0).integers(0, 256, (3, 20))

@@ -1,6 +1,7 @@
 """Train through the slot close: `BaseShift` hands moves of the global parameters to a running round, and
 `InnerLoop.run` adds them before its next step; Δ against the moved base is the round's own progress."""
 
+import pytest
 import numpy as np
 
 from node.island.model import init_params
@@ -26,6 +27,7 @@ def test_moves_posted_before_a_take_add_up(config):
     assert shift.take() is None  # taken once
 
 
+@pytest.mark.slow
 def test_a_move_before_the_first_step_equals_starting_from_the_moved_base(config, dataset):
     base, moved_to = _params(config, 1), _params(config, 2)
     followed = InnerLoop.byte_lm(config, dataset.batcher("peer-a"))

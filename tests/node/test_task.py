@@ -83,6 +83,7 @@ def test_iterable_batches_resume_by_position() -> None:
             once.next_batch()
 
 
+@pytest.mark.slow
 def test_an_inner_loop_trains_a_user_model_from_an_iterable_and_restores_it() -> None:
     model = Model(name="reg", init=init, loss=loss, lr=3e-2, optimizer=optax.adam(3e-2))
     heldout = [regression(np.random.default_rng(1), 256)]
@@ -117,6 +118,7 @@ class Tiny(nnx.Module):
         return self.out(nnx.relu(self.hidden(x)))[:, 0]
 
 
+@pytest.mark.slow
 def test_a_flax_nnx_module_is_a_model() -> None:
     model = Model.from_nnx("tiny-nnx", lambda rngs: Tiny(rngs), lambda net, b: jnp.mean((net(b["x"]) - b["y"]) ** 2),
                            lr=1e-2, evaluate=lambda net, b: (jnp.sum(jnp.abs(net(b["x"]) - b["y"])), b["y"].shape[0]))
@@ -130,6 +132,7 @@ def test_a_flax_nnx_module_is_a_model() -> None:
                                                           rel=1e-5)
 
 
+@pytest.mark.slow
 def test_data_parallel_of_a_task_trains_on_the_workers_batches_concatenated() -> None:
     """`run_task_baseline`: the task's model and optimizer on its workers' batches side by side, as N nodes of
     those peer ids draw them (the benchmarks' data-parallel at equal tokens for a library task)."""

@@ -150,6 +150,7 @@ def test_tokenizer_in_the_config_encodes_text_and_sets_the_vocab(text_dir, token
         settings(overrides=("tokenizer=missing.json",)).ml_config("p")
 
 
+@pytest.mark.slow
 def test_peers_compare_the_tokenizers_content_not_its_path(tmp_path, tokenizer_file, text_dir):
     copy = tmp_path / "elsewhere.json"
     copy.write_bytes(Path(tokenizer_file).read_bytes())
@@ -184,6 +185,7 @@ def test_cli_info_and_encode_write_a_token_file_the_node_reads(tmp_path, text_di
     assert "vocab_size >= 256" in capsys.readouterr().err and not (tmp_path / "y.json").exists()
 
 
+@pytest.mark.slow
 def test_a_tiny_model_trains_on_tokenized_text_and_reports_bits_per_byte(config, text_dir, tokenizer_file):
     from node.island.train import InnerLoop
 
@@ -206,6 +208,7 @@ def test_a_tiny_model_trains_on_tokenized_text_and_reports_bits_per_byte(config,
     assert after < before - 0.5  # bits per byte of text
 
 
+@pytest.mark.slow
 def test_diloco_sample_speaks_the_runs_tokenizer(text_dir, tokenizer_file, tmp_path, capsys) -> None:
     from safetensors.numpy import save_file
 

@@ -17,6 +17,7 @@ def loop(config, dataset):
     return InnerLoop.byte_lm(config, dataset.batcher("peer-a"))
 
 
+@pytest.mark.slow
 def test_loss_falls_on_the_embedded_corpus(config, dataset):
     loop = InnerLoop.byte_lm(config, dataset.batcher("peer-a"))
     heldout = dataset.heldout_batches(4)
@@ -31,6 +32,7 @@ def test_loss_falls_on_the_embedded_corpus(config, dataset):
     assert loop._train_step._cache_size() == 1  # jitted once
 
 
+@pytest.mark.slow
 def test_set_params_then_run_zero_returns_the_same_params(loop, config):
     flat = init_params(config.model, seed=7)
     loop.run(2)
@@ -143,6 +145,7 @@ def test_set_params_refuses_wrong_names(loop, config):
         loop.set_params(flat)
 
 
+@pytest.mark.slow
 def test_baseline_curve_falls_and_counts_tokens(config, dataset):
     per_node = config.with_overrides(batch_size=4)  # global batch 2 x 4 = the loop's 8: no new compile
     points = run_baseline(per_node, steps=20, shard_keys=worker_keys(2), eval_every=10, eval_batches=2,
@@ -152,6 +155,7 @@ def test_baseline_curve_falls_and_counts_tokens(config, dataset):
     assert points[-1].bits_per_byte < points[0].bits_per_byte - 1.0
 
 
+@pytest.mark.slow
 def test_evaluate_is_mean_cross_entropy_in_bits(loop, dataset, config):
     import jax
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import httpx
 import trio
 
@@ -24,6 +25,7 @@ def host_config(tmp: Path, name: str, bootstrap: tuple[str, ...] = ()) -> p2p.Ho
 
 
 
+@pytest.mark.slow
 async def test_post_chaos_cuts_a_peer_for_the_given_seconds_then_it_comes_back(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ from protocol.ledger import LedgerSnapshot
 GIB = 1 << 30
 
 
+@pytest.mark.slow
 def test_a_checkpoint_over_4_gib_is_written_and_resumed_from(tmp_path: Path) -> None:
     if psutil.virtual_memory().available < 6 * GIB or shutil.disk_usage(tmp_path).free < 6 * GIB:
         pytest.skip("needs 6 GiB of free memory and 6 GiB of free disk")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import trio
 
 from node.chaos import Misbehave
@@ -28,6 +29,7 @@ def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), **extra) -> Node
                         heartbeat_s=0.2, drain_timeout_s=30.0, **extra)
 
 
+@pytest.mark.slow
 async def test_a_flooding_peer_counts_for_nothing_and_leaves_a_few_payloads_per_slot(tmp_path: Path,
                                                                                       jax_persistent_cache) -> None:
     with trio.fail_after(150):

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
+import pytest
 import httpx
 import p2p
 import trio
@@ -75,6 +76,7 @@ async def run_with_forger(nursery: trio.Nursery, tmp_path: Path,
     return [a, c], forger, server
 
 
+@pytest.mark.slow
 async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_persistent_cache) -> None:
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
@@ -107,6 +109,7 @@ async def test_a_forged_heavier_state_is_refused_by_the_vet(tmp_path: Path, jax_
     assert max(after) <= best * 1.5, (best, after)
 
 
+@pytest.mark.slow
 async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_four_windows_unless_vouched_for(
         tmp_path: Path, jax_persistent_cache) -> None:
     """A forgery whose model passes the vet (the node's own parameters, the window's updates dropped: later in
@@ -147,6 +150,7 @@ async def test_a_forged_state_that_passes_is_adopted_once_then_none_of_its_for_f
     assert not a.replica.outcomes["fork-refused"]
 
 
+@pytest.mark.slow
 async def test_a_joiner_refuses_a_forged_fresher_state_and_joins_from_an_honest_peer(tmp_path: Path,
                                                                                    jax_persistent_cache) -> None:
     """A joiner prefers the freshest state when no two peers agree; the forger claims one 50 slots ahead

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from node.runtime import NodeRuntime
@@ -40,6 +41,7 @@ def settings(tmp: Path, name: str, peers: tuple[str, ...] = (), slowdown: float 
                         window=WINDOW, slowdown=slowdown, fork_tolerance=0.5)
 
 
+@pytest.mark.slow
 async def test_sides_of_a_partition_longer_than_the_window_converge_after_it_heals(tmp_path: Path,
                                                                                    jax_persistent_cache) -> None:
     with trio.fail_after(90):

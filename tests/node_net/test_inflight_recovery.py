@@ -20,6 +20,7 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
 import trio
 
 from node.outer.inflight import InflightJournal
@@ -88,6 +89,7 @@ async def _b_crashed_beside_a(tmp_path: Path, timeout_s: float):
             yield nursery, a, *await _crash_in_a_round(tmp_path, (a.host.gossip_addr,))
 
 
+@pytest.mark.slow
 async def test_a_round_in_flight_at_a_crash_is_published_by_the_next_start(tmp_path: Path,
                                                                            jax_persistent_cache) -> None:
     async with _b_crashed_beside_a(tmp_path, 150) as (nursery, a, b_id, journal, crashed):
@@ -103,6 +105,7 @@ async def test_a_round_in_flight_at_a_crash_is_published_by_the_next_start(tmp_p
             node.request_stop("test done")
 
 
+@pytest.mark.slow
 async def test_a_round_whose_base_slot_the_new_process_has_not_closed_waits_for_it(tmp_path: Path, caplog,
                                                                                     jax_persistent_cache) -> None:
     """The killed process closed the round's base slot after its last checkpoint, and the run had not closed it
@@ -125,6 +128,7 @@ async def test_a_round_whose_base_slot_the_new_process_has_not_closed_waits_for_
             node.request_stop("test done")
 
 
+@pytest.mark.slow
 async def test_a_graceful_stop_publishes_the_round_in_flight_and_hands_it_to_the_peers(
         tmp_path: Path, jax_persistent_cache) -> None:
     await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))

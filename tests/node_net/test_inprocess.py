@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import httpx
 import trio
 
@@ -47,6 +48,7 @@ def compile_once(settings: NodeSettings) -> None:
     loop.evaluate(dataset.heldout_batches(settings.eval_batches))
 
 
+@pytest.mark.slow
 async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path, jax_persistent_cache) -> None:
     await trio.to_thread.run_sync(compile_once, settings(tmp_path, "warm-up"))
     with trio.fail_after(150):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import httpx
 import numpy as np
 import trio
@@ -101,6 +102,7 @@ def gate(host: p2p.Host, server: StateServer) -> trio.Event:
     return opened
 
 
+@pytest.mark.slow
 async def test_the_first_donor_dies_mid_download_and_the_join_completes_from_another(tmp_path: Path) -> None:
     replicas = await same_replicas(2)
     with trio.fail_after(60):
@@ -135,6 +137,7 @@ async def test_the_first_donor_dies_mid_download_and_the_join_completes_from_ano
                 await host.close()
 
 
+@pytest.mark.slow
 async def test_a_corrupted_piece_is_refused_and_counted_and_the_honest_donor_serves_it(tmp_path: Path) -> None:
     replicas = await same_replicas(2)
     with trio.fail_after(60):
@@ -175,6 +178,7 @@ async def test_a_corrupted_piece_is_refused_and_counted_and_the_honest_donor_ser
                 await host.close()
 
 
+@pytest.mark.slow
 async def test_a_download_cut_short_is_resumed_without_fetching_verified_pieces_again(tmp_path: Path) -> None:
     replicas = await same_replicas(2)
     with trio.fail_after(60):
@@ -212,6 +216,7 @@ async def test_a_download_cut_short_is_resumed_without_fetching_verified_pieces_
                 await host.close()
 
 
+@pytest.mark.slow
 async def test_piece_urls_answer_400_for_a_malformed_path_and_404_for_what_is_not_held(tmp_path: Path) -> None:
     [replica] = await same_replicas(1)
     with trio.fail_after(30):
@@ -230,6 +235,7 @@ async def test_piece_urls_answer_400_for_a_malformed_path_and_404_for_what_is_no
             await donor.close()
 
 
+@pytest.mark.slow
 async def test_a_joiner_takes_its_bootstrap_peers_state_before_a_fresher_one_two_fresh_keys_confirm(tmp_path: Path) -> None:
     """Two fresh keys serve one state two slots fresher than the state of the joiner's bootstrap peer (the one
     address it was given): confirmed by two, it comes first by the freshest-confirmed rule, but the joiner

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
 import httpx
 import trio
 import trio.testing
@@ -84,6 +85,7 @@ async def test_a_joiner_replaces_other_hosts_idle_sockets_when_every_slot_is_tak
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_a_silent_peer_gives_way_when_full_and_an_active_one_stays(tmp_path: Path) -> None:
     gossip = fast_gossip(heartbeat_timeout_s=4.0)  # silent past 2 s: may be evicted; past 4 s: dropped anyway
     with trio.fail_after(20):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 from p2p_helpers import host_config, publish_kwargs, start, wait_for
 
@@ -34,6 +35,7 @@ async def start_overlay(nursery: trio.Nursery, tmp: Path, n: int = N) -> list[Ho
     return hosts
 
 
+@pytest.mark.slow
 async def test_single_bootstrap_address_gives_a_connected_overlay(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
@@ -48,6 +50,7 @@ async def test_single_bootstrap_address_gives_a_connected_overlay(tmp_path: Path
                 await h.close()
 
 
+@pytest.mark.slow
 async def test_5mb_blob_reaches_all_8_and_each_node_downloads_it_once(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -79,6 +82,7 @@ async def test_5mb_blob_reaches_all_8_and_each_node_downloads_it_once(tmp_path: 
                 await h.close()
 
 
+@pytest.mark.slow
 async def test_killed_nodes_are_detected_and_a_restarted_one_rejoins(tmp_path: Path) -> None:
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
@@ -117,6 +121,7 @@ async def test_killed_nodes_are_detected_and_a_restarted_one_rejoins(tmp_path: P
                 await h.close()
 
 
+@pytest.mark.slow
 async def test_goodbye_is_signed_delivered_and_the_leaver_is_not_redialled(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

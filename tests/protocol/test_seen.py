@@ -23,6 +23,7 @@ def test_seen_cache_expires_and_is_bounded():
     assert len(cache) == 3 and not cache.contains(b"b", NOW + 24)
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.sampled_from([0.0, 0.0, 1.0, 5.0])), max_size=40))
 def test_seen_cache_matches_a_bounded_insertion_ordered_model(ops):

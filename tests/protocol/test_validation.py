@@ -38,6 +38,7 @@ def _reject(validator, data, now=NOW):
     return info.value.reason
 
 
+@pytest.mark.slow
 @settings(max_examples=6)  # each example flips every bit of the message (~2000 validations)
 @given(valid_bodies())
 def test_signed_messages_validate_and_bit_flips_anywhere_are_refused(pair):

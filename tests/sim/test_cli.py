@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from testnet.sim.cli import main
 
 
@@ -19,6 +21,7 @@ def test_table_writes_json_and_png(tmp_path, capsys):
     assert (tmp_path / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_table_is_reproducible_across_worker_counts(tmp_path):
     args = ["table", "--days", "0.02", "--chips", "150000", "--policies", "elastic", "ours-m2", "--no-ablations"]
     assert main(args + ["--workers", "1", "--out", str(tmp_path / "a")]) == 0

@@ -76,6 +76,7 @@ def test_bad_flag_values_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         assert flag in one_line_error(capsys, argv)
 
 
+@pytest.mark.slow
 def test_every_node_dying_after_start_fails_the_run_and_quotes_their_logs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """As with `--data /nonexistent` before the up-front check: every node prints LISTENING, then exits 2."""
@@ -107,6 +108,7 @@ def test_nodes_that_never_listen_exit_2_quoting_each_log(tmp_path: Path, capsys:
     assert not [e["pid"] for e in events(run_dir) if e["event"] == "listening" and alive(e["pid"])]
 
 
+@pytest.mark.slow
 def test_one_node_dying_is_reported_but_the_others_train_on(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--out", str(tmp_path), "--minutes", "0.02", *FAST],

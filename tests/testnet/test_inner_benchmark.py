@@ -11,6 +11,7 @@ from node.island.config import preset
 from testnet.benchmarks import inner
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_its_figures_and_counts_flops_as_xla_does(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "inner.json"

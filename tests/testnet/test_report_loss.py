@@ -166,6 +166,7 @@ def test_without_a_baseline_the_comparisons_read_not_applicable() -> None:
     assert "| held-out bpb ÷ data-parallel, equal tokens | n/a |" in md
 
 
+@pytest.mark.slow
 def test_loss_png_with_restarts_and_jumps(tmp_path: Path) -> None:
     fig = write_report(write_run(tmp_path / "run", jumping()))
     assert fig["loss_after_restarts"]["loss_rose"] is True
@@ -173,6 +174,7 @@ def test_loss_png_with_restarts_and_jumps(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_bench_goodput_prints_the_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     faults = write_run(tmp_path / "faults", jumping())
     clean = write_run(tmp_path / "clean", without_restart(record(baseline=BASE, solo=SOLO)))

@@ -77,6 +77,7 @@ def test_clipped_axis_and_the_gap() -> None:
     assert gap_curves(curves) == {"0": [(0, 1.0), (10000, pytest.approx(5.0 / 6.0))]}, "none past the baseline"
 
 
+@pytest.mark.slow
 def test_loss_png_legend_has_every_curve_once_and_names_the_models(tmp_path: Path) -> None:
     faults = write_report(write_run(tmp_path / "faults", record(baseline=BASE, solo=SOLO)))
     labels = plot_loss(faults["curves"], tmp_path / "a.png", title="t")

@@ -28,6 +28,7 @@ def pids_of(run_dir: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 async def test_kill_restart_same_ports_and_everything_stopped(tmp_path: Path) -> None:
     specs = fake_specs(tmp_path, 3)
     recorder = Recorder(tmp_path)
@@ -58,6 +59,7 @@ async def test_kill_restart_same_ports_and_everything_stopped(tmp_path: Path) ->
     assert all(h.state == "stopped" for h in sup.handles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("linger", ["1.0", "0"])
 async def test_the_stop_reads_status_until_the_nodes_exit(tmp_path: Path, linger: str) -> None:
     """A node publishes the round its stop cut short (the fake counts 1 s more of contributed steps after
@@ -99,6 +101,7 @@ async def test_nodes_that_finish_by_themselves_end_the_run_early(tmp_path: Path)
     assert not [e for e in evs if e["event"] == "stop"]  # nothing left to stop
 
 
+@pytest.mark.slow
 async def test_a_run_sized_in_steps_ends_once_the_nodes_mean_steps_reach_it(tmp_path: Path) -> None:
     """`--steps`: the run ends when the nodes have taken the steps on average (node 1 at half node 0's
     pace), not after the plan's duration, which is then only an upper bound."""
@@ -119,6 +122,7 @@ async def test_a_run_sized_in_steps_ends_once_the_nodes_mean_steps_reach_it(tmp_
     assert any("inner steps each on average" in line for line in said), said
 
 
+@pytest.mark.slow
 async def test_a_plan_from_ready_counts_from_the_moment_every_node_trains(tmp_path: Path) -> None:
     """The solo run's clock (`plan_from_ready`): its duration runs from the last node's first `training`,
     so a slow start-up cannot eat the window in which the pace is measured."""
@@ -141,6 +145,7 @@ def json_gossip(evs: list[dict], node: int) -> str:
     return next(e["gossip"] for e in evs if e["event"] == "listening" and e["node"] == node)
 
 
+@pytest.mark.slow
 async def test_partition_posts_chaos_to_both_sides(tmp_path: Path) -> None:
     specs = fake_specs(tmp_path, 3)
     recorder = Recorder(tmp_path)
