@@ -15,8 +15,9 @@ inserts the all-gathers, reduce-scatters and all-reduces. Parameters leave the d
 host memory (`params`: numpy assembles the shards; no device holds a whole sharded tensor) and come back the
 same way (`set_params`). `remat=True` trains with the model's `remat_loss`, which recomputes each layer's
 activations in the backward pass instead of keeping them (the byte-level model's blocks under `nnx.remat`).
-The learning-rate schedule is
-driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for optimizers built on an optax
+An island of several processes (`node.island.multihost`, one per host) has one mesh over all their devices:
+the speaker's loop announces every call marked `mirrored`, and the followers' loops make the same calls.
+The learning-rate schedule is driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for optimizers built on an optax
 schedule), kept across rounds: the steps this loop did, unless a node that joined a running training moved it
 to the run's position (`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always
 counts this loop's own steps.
