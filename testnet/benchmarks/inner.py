@@ -39,7 +39,8 @@ import jax
 from node.island.bytelm import byte_lm_task
 from node.island.config import Config, ConfigError, MeshShape, preset
 from node.island.data import DataError, resolve_vocab
-from node.island.train import InnerLoop, measure_rates
+from node.island.alone import measure_rates
+from node.island.train import InnerLoop
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (SXM parts), TFLOP/s per device.
 DATASHEET_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0}
