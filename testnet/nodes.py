@@ -18,7 +18,7 @@ from pathlib import Path
 
 from protocol.identity import Identity
 
-__all__ = ["NODE_MAIN", "NodeSettings", "NodeSpec", "node_argv", "node_env", "prepare_nodes", "repo_root"]
+__all__ = ["NODE_MAIN", "RunFlags", "NodeSpec", "node_argv", "node_env", "prepare_nodes", "repo_root"]
 
 NODE_MAIN = "import sys; from node.cli import main; sys.exit(main())"
 
@@ -44,8 +44,10 @@ class NodeSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeSettings:
-    """The flags every node of a run shares (see docs/node-contract.md)."""
+class RunFlags:
+    """The flags the testnet gives every node of its run (docs/node-contract.md); what a node makes of them is
+    `node.settings.NodeSettings`. `inner_steps` is the testnet's own default (20: rounds short enough for a
+    few minutes' demo), not the node's (50)."""
 
     run_id: str
     model: str = "tiny"
@@ -85,7 +87,7 @@ def prepare_nodes(run_dir: Path, nodes: int, seed: int, *, hosts: Sequence[str] 
     return specs
 
 
-def node_argv(spec: NodeSpec, settings: NodeSettings, *, gossip_port: int, http_port: int,
+def node_argv(spec: NodeSpec, settings: RunFlags, *, gossip_port: int, http_port: int,
               peers: Sequence[str]) -> list[str]:
     """The command line for one launch of `spec` (ports 0 = let the node pick)."""
     argv = [*spec.exec_prefix, sys.executable, "-c", NODE_MAIN,

@@ -25,7 +25,7 @@ from testnet.cpus import pinning
 from testnet.faults import FaultPlan, parse_slow
 from testnet.finish import Stage, final_report, verdict
 from testnet.horizon import Pace, horizon_steps, run_seconds
-from testnet.nodes import NodeSettings, node_argv, node_env, prepare_nodes
+from testnet.nodes import RunFlags, node_argv, node_env, prepare_nodes
 from testnet.options import Options, check_inputs
 from testnet.procs import GroupRegistry
 from testnet.progress import Progress
@@ -197,7 +197,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
                 say(f"WAN emulation off: {support.reason}; running on loopback")
                 wan_desc = f"off ({support.reason})"
         def default_builder(specs: list) -> ArgvBuilder:  # reads `o` when called: the main run gets the paced one
-            settings = NodeSettings(
+            settings = RunFlags(
                 run_id=f"testnet-{run_dir.name}", model=o.model, inner_steps=o.inner_steps, eval_every=o.eval_every,
                 eval_batches=o.eval_batches, max_rounds=o.rounds, seed=o.seed, data=o.data, compression=o.compression,
                 outer_momentum=o.outer_momentum,

@@ -56,7 +56,7 @@ def test_flags_build_the_plan() -> None:
 
 def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_path: Path) -> None:
     from testnet.baseline_run import baseline_argv, baseline_config
-    from testnet.nodes import NodeSettings, NodeSpec, node_argv
+    from testnet.nodes import RunFlags, NodeSpec, node_argv
 
     assert parse_args([]).config_overrides() == ("total_steps=1800",), "the demo: its 1,800 steps"
     assert parse_args(["--minutes", "3"]).config_overrides() == (), "a timed run: set by the solo pace"
@@ -66,7 +66,7 @@ def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_
     assert parse_args(["--rounds", "10", "--set", given[0]]).config_overrides() == given
     assert parse_args(["--rounds", "2", "--inner-steps", "5"]).config_overrides() == (), "shorter than the warmup"
     spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
-    argv = node_argv(spec, NodeSettings(run_id="r", overrides=o.config_overrides()), gossip_port=0, http_port=0,
+    argv = node_argv(spec, RunFlags(run_id="r", overrides=o.config_overrides()), gossip_port=0, http_port=0,
                      peers=())
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == ["inner.lr=1e-3", "total_steps=100"]
     base = baseline_argv(model="tiny", data=(), seed=0, steps=3, shard_keys=["p"], out=tmp_path / "b.json",
@@ -78,19 +78,19 @@ def test_set_reaches_nodes_and_baseline_and_rounds_set_the_schedule_horizon(tmp_
 
 def test_the_demo_defaults_span_the_schedule_and_pass_the_outer_momentum(tmp_path: Path) -> None:
     from node.cli import build_parser
-    from testnet.nodes import NodeSettings, NodeSpec, node_argv
+    from testnet.nodes import RunFlags, NodeSpec, node_argv
 
     o = parse_args([])
     assert o.solo_seconds == 20.0, "the solo phase: the overlap figure"
     assert o.outer_momentum is None and build_parser().get_default("outer_momentum") == 0.6, "the node's own"
     spec = NodeSpec(index=0, peer_id="p", key_path=tmp_path / "k", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
 
-    def momentum(settings: NodeSettings) -> list[str]:
+    def momentum(settings: RunFlags) -> list[str]:
         argv = node_argv(spec, settings, gossip_port=0, http_port=0, peers=())
         return [argv[i + 1] for i, a in enumerate(argv) if a == "--outer-momentum"]
 
-    assert momentum(NodeSettings(run_id="r", outer_momentum=0.8)) == ["0.8"]
-    assert momentum(NodeSettings(run_id="r")) == [], "None: the node's own default"
+    assert momentum(RunFlags(run_id="r", outer_momentum=0.8)) == ["0.8"]
+    assert momentum(RunFlags(run_id="r")) == [], "None: the node's own default"
     assert parse_args(["--outer-momentum", "0.9"]).outer_momentum == 0.9
     with pytest.raises(SystemExit):
         parse_args(["--outer-momentum", "1"])
