@@ -11,7 +11,11 @@ line (or `argv`) exactly as `diloco-node` does, without the flags that choose di
 `--set`, `--data`), and runs one node: the inner loop on this host's devices, gossip of signed compressed
 pseudo-gradients with its peers, and the outer step applied by every node. It prints `LISTENING ...` and
 `STOPPED ...` lines and returns the exit status as `diloco-node` does (docs/library.md; examples/ holds
-runnable examples).
+runnable examples). `start` runs the same node in the background and returns a handle on it:
+
+    with diloco.start(task, ["--run-id", "r1", "--key", "node.key", "--max-rounds", "20"]) as node:
+        print(node.status()["slot"], node.params()["dense.kernel"].shape)
+        node.wait()
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from diloco.running import RunningNode, start
 from node.island.task import IterableBatches, Model, Task, TaskDataError, TaskError, default_optimizer
 
-__all__ = ["IterableBatches", "Model", "Task", "TaskDataError", "TaskError", "default_optimizer", "load", "run"]
+__all__ = ["IterableBatches", "Model", "RunningNode", "Task", "TaskDataError", "TaskError", "default_optimizer", "load",
+           "run", "start"]
 
 
 def run(task: Task, argv: Sequence[str] | None = None, *,

@@ -425,6 +425,12 @@ def main(argv: Sequence[str] | None = None, task: Any = None, on_metrics: Any = 
 
 def _speak(args: argparse.Namespace, given: frozenset[str], task: Any, on_metrics: Any) -> int:
     """Run the node of this process (of its island: process 0)."""
+    return trio.run(_serve, build_runtime(args, given, task, on_metrics), args.stop_timeout)
+
+
+def build_runtime(args: argparse.Namespace, given: frozenset[str], task: Any = None, on_metrics: Any = None):
+    """The node of parsed arguments (`parse`), with the run's configuration adopted from a bootstrap peer
+    when `--adopt` says so. Blocking (the adoption dials out)."""
     from node.outer.outer_files import return_freed_memory
     from node.runtime import NodeRuntime
 
@@ -442,7 +448,7 @@ def _speak(args: argparse.Namespace, given: frozenset[str], task: Any, on_metric
                             runtime.admission.founder, given, min(30.0, args.sync_timeout or 30.0), task, runtime.peer_id)
         if settings is not runtime.settings:
             runtime = NodeRuntime(settings, runtime.identity, task, on_metrics)
-    return trio.run(_serve, runtime, args.stop_timeout)
+    return runtime
 
 
 if __name__ == "__main__":
