@@ -110,16 +110,26 @@ class RunningNode:
         self.wait()
 
 
-def start(task: Any, argv: Sequence[str] | None = None, *,
+def start(task: Any, argv: Sequence[str] | None = None, *, settings: Any = None,
           on_metrics: Callable[[dict[str, Any]], object] | None = None) -> RunningNode:
-    """Start one node training `task` in the background, with `diloco-node`'s command line (`argv`, default
-    `sys.argv[1:]`), and return its handle once it listens. Raises ValueError for arguments `diloco-node` would
+    """Start one node training `task` in the background and return its handle once it listens: with
+    `diloco-node`'s command line (`argv`, default `sys.argv[1:]`), or with typed `settings` (a
+    `diloco.NodeSettings`: the flags as fields, taken as they are — no adoption of the run's configuration from
+    a peer, whose handshake still refuses a mismatch). Raises ValueError for arguments `diloco-node` would
     refuse (the message is on stderr too), and the node's own error if it fails before listening."""
     from node.cli import CLI_MODEL_FLAGS, build_runtime, parse
     from node.island.task import Task
+    from node.runtime import NodeRuntime
+    from node.settings import NodeSettings
 
     if not isinstance(task, Task):
         raise TypeError(f"start() needs a diloco.Task, got {type(task).__name__}")
+    if settings is not None:
+        if argv is not None:
+            raise ValueError("start() takes argv or settings, not both")
+        if not isinstance(settings, NodeSettings):
+            raise TypeError(f"settings must be a diloco.NodeSettings, got {type(settings).__name__}")
+        return RunningNode(NodeRuntime(settings, task=task, on_metrics=on_metrics))
     try:
         args, given = parse(argv, task.model.name)
     except SystemExit as exc:

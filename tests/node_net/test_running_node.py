@@ -1,6 +1,6 @@
 """`diloco.start` (tier b: real nodes on loopback, each in a thread of this process with its own trio loop): a
-handle on a running node — its status, the run's parameters, stop, wait — and two started nodes training
-together to equal digests."""
+handle on a running node — its status, the run's parameters, stop, wait — from a command line or from typed
+settings, and two started nodes training together to equal digests."""
 
 from __future__ import annotations
 
@@ -49,7 +49,12 @@ def test_two_started_nodes_train_together_and_a_handle_reads_and_stops_them(tmp_
     with pytest.raises(RuntimeError, match="stopped"):
         a.status()
 
-    c = diloco.start(task, [*FLAGS, "--key", str(tmp_path / "c.key")])  # no --max-rounds: until stopped
+    # typed settings instead of a command line; no max_rounds: until stopped
+    typed = diloco.NodeSettings(run_id="library-handle", key_path=tmp_path / "c.key", inner_steps=5, heartbeat_s=0.3,
+                                eval_every=0)
+    with pytest.raises(ValueError, match="not both"):
+        diloco.start(task, FLAGS, settings=typed)
+    c = diloco.start(task, settings=typed)
     poll(lambda: c.status()["round"] >= 1, 120.0, "c's first round")
     c.stop()
     end = c.wait(60.0)
