@@ -94,7 +94,10 @@ class Island:
             arrays: list[np.ndarray] = []
             tree = _encode(value, arrays)
             packed = _pack(arrays) if arrays else None
-            inline = packed is not None and packed.nbytes <= INLINE_BYTES and len(self._unread) < MAX_UNREAD
+            # by collective when large, and now and then (a collective tells the speaker every header before it
+            # was read); arrays of no bytes have nothing to broadcast
+            inline = packed is not None and (packed.nbytes == 0 or (packed.nbytes <= INLINE_BYTES
+                                                                  and len(self._unread) < MAX_UNREAD))
             header = [tree, [a.nbytes for a in arrays], closing, packed.tobytes() if inline else None]
             self._client.key_value_set_bytes(key, msgpack.packb(header))
             self._unread.append(key)
