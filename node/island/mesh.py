@@ -28,8 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from node.island.config import MESH_AXES as AXES, ConfigError, MeshShape
 
-__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "describe_layout", "device_memory",
-           "host_copy", "island_mesh", "param_shardings", "param_spec", "resident_bytes", "state_shardings"]
+__all__ = ["AXES", "MIN_SHARDED_ELEMENTS", "MeshShape", "auto_shape", "batch_sharding", "describe_layout",
+           "device_memory", "host_copy", "island_mesh", "param_shardings", "param_spec", "resident_bytes", "state_shardings"]
 
 MIN_SHARDED_ELEMENTS = 4096
 # fp32 parameters + AdamW's two moments + fp32 gradients: what a replicated island holds per parameter

@@ -17,10 +17,10 @@ same way (`set_params`). `remat=True` trains with the model's `remat_loss`, whic
 activations in the backward pass instead of keeping them (the byte-level model's blocks under `nnx.remat`).
 An island of several processes (`node.island.multihost`, one per host) has one mesh over all their devices:
 the speaker's loop announces every call marked `mirrored`, and the followers' loops make the same calls.
-The learning-rate schedule is driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for optimizers built on an optax
-schedule), kept across rounds: the steps this loop did, unless a node that joined a running training moved it
-to the run's position (`InnerLoop.set_schedule_step`). AdamW's bias-correction count is separate and always
-counts this loop's own steps.
+The learning-rate schedule is driven by its own count in the optimizer state (`InnerLoop.schedule_step`, for
+optimizers built on an optax schedule), kept across rounds: the steps this loop did, unless a node that joined
+a running training moved it to the run's position (`InnerLoop.set_schedule_step`). AdamW's bias-correction
+count is separate and always counts this loop's own steps.
 """
 
 from __future__ import annotations
