@@ -123,8 +123,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--misbehave", action="append", default=[], metavar="NODE[:MODE]",
       help="NODE sends malformed frames (garbage) or invalid updates (bad-updates, default) (repeatable)")
     a("--wan", nargs="?", const="2gbit,30ms", metavar="RATE,DELAY,LOSS",
-      help="each node in its own network namespace with an emulated link (default 2gbit,30ms; delay is one-way); "
-           "needs root and iproute2, otherwise says why and runs on loopback")
+      help="each node in its own network namespace with an emulated link (default 2gbit,30ms; delay is one-way; "
+           "loss e.g. 0.1%%): tc netem, or where the kernel lacks it a user-space delay line over TUN devices "
+           "with tc tbf for the rate; needs root and iproute2, otherwise says why and runs on loopback")
     a("--baseline", action=argparse.BooleanOptionalAction, default=True,
       help="also train the data-parallel baseline on the same tokens (default on)")
     a("--solo-seconds", type=float, default=20.0, metavar="S",

@@ -62,12 +62,7 @@ class NatBox:
         try:
             self._must(["ip", "netns", "add", gw], ["ip", "netns", "del", gw])
             self._must(["ip", "netns", "add", priv], ["ip", "netns", "del", priv])
-            self._must(["ip", "link", "add", up_host, "type", "veth", "peer", "name", up_gw], ["ip", "link", "del", up_host])
-            self._must(["ip", "link", "set", up_gw, "netns", gw])
-            self._must(["ip", "link", "set", up_host, "master", self.net.bridge])
-            self._must(["ip", "link", "set", up_host, "up"])
-            self._must(["ip", "-n", gw, "addr", "add", f"{self.public}/{self.net.subnet.prefixlen}", "dev", up_gw])
-            self._must(["ip", "-n", gw, "link", "set", up_gw, "up"])
+            self.net.plug(gw, self.public, up_gw, up_host)
             self._must(["ip", "link", "add", in_gw, "type", "veth", "peer", "name", in_host])
             self._must(["ip", "link", "set", in_gw, "netns", gw])
             self._must(["ip", "link", "set", in_host, "netns", priv])
@@ -90,8 +85,7 @@ class NatBox:
             ):
                 self._must([*nft, *rule])
             # the root namespace (the test, the supervisor) reaches the private host for its /status
-            self._must(["ip", "route", "add", str(self.private_net), "via", self.public],
-                       ["ip", "route", "del", str(self.private_net)])
+            self._made.append(self.net.route_via(str(self.private_net), self.public))
         except BaseException:
             self.teardown()
             raise

@@ -1,17 +1,24 @@
-"""WAN emulation: one network namespace per node on a bridge, links shaped with tc.
+"""WAN emulation: one network namespace per node, links shaped with tc or held by a delay line.
 
 `probe(spec)` says whether this machine can do it (root, iproute2's `ip` and `tc`, a namespace and a
-veth pair that can actually be created, and a qdisc that can express the link) and, if not, why, in
-one line. `WanNetwork` builds the namespaces and tears them down; the supervisor runs each node under
+veth pair that can actually be created, and a qdisc or delay line that can express the link) and, if not,
+why, in one line. `WanNetwork` builds the namespaces and tears them down; the supervisor runs each node under
 `exec_prefix(i)`, bound to `host(i)`.
 
-Topology: bridge `dlc<tag>br` with 10.213.X.1/24 in the root namespace (so the supervisor reaches every
-node's HTTP port); node `i` lives in namespace `dlc-<tag>-<i>` with address 10.213.X.(i+2), its veth
-pair enslaved to the bridge. The link spec shapes each node's *egress* inside its namespace, so a
-packet between two nodes crosses exactly one shaped link: `delay` is one-way (round trip = 2 × delay),
-`rate` is per node. tc netem does rate, delay and loss; where the kernel lacks netem but has tbf, a
-rate-only spec uses tbf. Partitions are `prohibit` routes inside the namespaces (a real network cut:
-packets are refused, not delivered).
+Topology: node `i` lives in namespace `dlc-<tag>-<i>` with address 10.213.X.(i+2)/24; the root namespace
+has 10.213.X.1 (so the supervisor reaches every node's HTTP port). The link spec shapes each node's *egress*
+inside its namespace, so a packet between two nodes crosses exactly one shaped link: `delay` is one-way
+(round trip = 2 × delay), `rate` is per node. How the namespaces are joined depends on the kernel:
+
+- with tc netem (rate, delay, loss) or for a rate-only link (tbf), every namespace has a veth pair enslaved
+  to the bridge `dlc<tag>br`;
+- where the kernel lacks netem and the link has a delay or loss, every namespace has a TUN device instead,
+  joined by `testnet.delayline` (a user-space switch that holds each packet for the delay; its module says
+  what it models and what not), and the rate is tbf on the TUN device. The root namespace's device keeps the
+  name `dlc<tag>br`.
+
+Partitions are `prohibit` routes inside the namespaces (a real network cut: packets are refused, not
+delivered). `plug` joins another namespace (a NAT gateway, `testnet.nat`) at an address of the subnet.
 
 Safety: only 127.0.0.0/8 and the addresses of namespaces created here are valid targets (`allows`).
 `teardown` removes everything created, is idempotent, and never raises.
@@ -27,6 +34,8 @@ import secrets
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
+
+from testnet.delayline import SwitchProcess, open_tun
 
 __all__ = ["LinkSpec", "WanError", "WanNetwork", "WanSupport", "is_loopback", "probe"]
 
@@ -87,8 +96,8 @@ class LinkSpec:
     def needs_netem(self) -> bool:
         return self.delay_ms > 0 or self.loss_pct > 0
 
-    def qdisc_args(self, qdisc: str) -> list[str]:
-        """Arguments after `tc qdisc add dev DEV root`."""
+    def qdisc_args(self, qdisc: str) -> list[str] | None:
+        """Arguments after `tc qdisc add dev DEV root` (None: no qdisc, the delay line alone shapes the link)."""
         if qdisc == "netem":
             args = ["netem", "delay", f"{self.delay_ms:g}ms"]
             if self.loss_pct:
@@ -96,6 +105,8 @@ class LinkSpec:
             if self.rate_mbit is not None:
                 args += ["rate", f"{self.rate_mbit:g}mbit"]
             return args
+        if qdisc == "delayline":
+            return None if self.rate_mbit is None else self.qdisc_args("tbf")
         if qdisc == "tbf" and self.rate_mbit is not None:
             burst = max(32_000, int(self.rate_mbit * 1e6 / 8 / 250))  # >= rate / HZ(250)
             return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(burst), "latency", "50ms"]
@@ -115,9 +126,20 @@ class WanSupport:
     qdisc: str | None = None
 
 
+def _tun_problem() -> str | None:
+    """Why this process cannot create a TUN device (None: it can)."""
+    try:
+        os.close(open_tun(f"dlcp{secrets.token_hex(2)}t", offload=True))
+    except OSError as e:
+        return f"cannot create a TUN device ({e})"
+    return None
+
+
 def probe(spec: LinkSpec, *, runner: Runner = _run, euid: int | None = None,
-          which: Callable[[str], str | None] = shutil.which) -> WanSupport:
-    """Check root, `ip`, `tc`, namespace + veth creation and the qdisc, cleaning up what it made."""
+          which: Callable[[str], str | None] = shutil.which,
+          tun_problem: Callable[[], str | None] = _tun_problem) -> WanSupport:
+    """Check root, `ip`, `tc`, namespace + veth creation and the qdisc (or the delay line's TUN devices),
+    cleaning up what it made."""
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
         return WanSupport(False, f"needs root to create network namespaces (running as uid {euid})")
@@ -144,6 +166,12 @@ def probe(spec: LinkSpec, *, runner: Runner = _run, euid: int | None = None,
                 return WanSupport(True, f"tc {qdisc}" + ("" if qdisc == "netem" else " (netem unavailable; rate only)"),
                                   qdisc)
             errors.append(f"{qdisc}: {err}")
+        if spec.needs_netem:
+            problem = tun_problem()
+            if problem is None:
+                rate = "" if spec.rate_mbit is None else "; rate by tc tbf"
+                return WanSupport(True, f"delay line over TUN devices (the kernel lacks netem{rate})", "delayline")
+            errors.append(f"delay line: {problem}")
         return WanSupport(False, f"tc cannot emulate {spec} here ({'; '.join(errors)}; the kernel may lack "
                                  f"sch_netem)")
     finally:
@@ -187,6 +215,7 @@ class WanNetwork:
         self._created_ns: list[str] = []
         self._created_links: list[str] = []
         self._bridge_made = False
+        self._switch: SwitchProcess | None = None
         self._blocked: set[tuple[int, str]] = set()
 
     def namespace(self, i: int) -> str:
@@ -214,31 +243,67 @@ class WanNetwork:
             raise WanError(f"`{' '.join(cmd)}` failed: {err}")
 
     def setup(self) -> None:
-        """Create the bridge and one shaped namespace per node; on error undo everything and raise WanError."""
+        """Join the root namespace and one shaped namespace per node; on error undo everything and raise WanError."""
         try:
             gateway = f"{self.subnet.network_address + 1}/{self.subnet.prefixlen}"
-            self._must(["ip", "link", "add", self.bridge, "type", "bridge"])
+            if self.qdisc == "delayline":
+                self._switch = SwitchProcess()
+                self._switch_add(self.bridge, gateway.split("/")[0], delay=False)
+            else:
+                self._must(["ip", "link", "add", self.bridge, "type", "bridge"])
             self._bridge_made = True
             self._must(["ip", "addr", "add", gateway, "dev", self.bridge])
             self._must(["ip", "link", "set", self.bridge, "up"])
             for i in range(self.nodes):
-                ns, host_if, ns_if = self.namespace(i), f"dlc{self.tag}h{i}", f"dlc{self.tag}n{i}"
+                ns = self.namespace(i)
                 self._must(["ip", "netns", "add", ns])
                 self._created_ns.append(ns)
-                self._must(["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if])
-                self._created_links.append(host_if)
-                self._must(["ip", "link", "set", ns_if, "netns", ns])
-                self._must(["ip", "link", "set", host_if, "master", self.bridge])
-                self._must(["ip", "link", "set", host_if, "up"])
-                self._must(["ip", "-n", ns, "addr", "add", f"{self.host(i)}/{self.subnet.prefixlen}", "dev", ns_if])
-                self._must(["ip", "-n", ns, "link", "set", ns_if, "up"])
+                self.plug(ns, self.host(i), f"dlc{self.tag}n{i}", f"dlc{self.tag}h{i}")
                 self._must(["ip", "-n", ns, "link", "set", "lo", "up"])
-                if self.qdisc != "none":
-                    self._must(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root",
-                                *self.spec.qdisc_args(self.qdisc)])
         except BaseException:  # WanError, or Ctrl-C half-way: leave nothing behind
             self.teardown()
             raise
+
+    def _switch_add(self, name: str, address: str, *, delay: bool) -> None:
+        assert self._switch is not None
+        try:
+            self._switch.add(name, address, delay_ms=self.spec.delay_ms if delay else 0.0,
+                             loss_pct=self.spec.loss_pct if delay else 0.0)
+        except OSError as e:
+            raise WanError(str(e)) from e
+
+    def plug(self, ns: str, address: str, ns_if: str, host_if: str) -> None:
+        """Join namespace `ns` to the network at `address` through its interface `ns_if` (`host_if` names the
+        root end of a veth pair), shaped by the link spec."""
+        if self.qdisc == "delayline":
+            self._switch_add(ns_if, address, delay=True)
+        else:
+            self._must(["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if])
+            self._created_links.append(host_if)
+            self._must(["ip", "link", "set", host_if, "master", self.bridge])
+            self._must(["ip", "link", "set", host_if, "up"])
+        self._must(["ip", "link", "set", ns_if, "netns", ns])
+        self._must(["ip", "-n", ns, "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", ns_if])
+        self._must(["ip", "-n", ns, "link", "set", ns_if, "up"])
+        qdisc = None if self.qdisc == "none" else self.spec.qdisc_args(self.qdisc)
+        if qdisc is not None:
+            self._must(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ns_if, "root", *qdisc])
+
+    def route_via(self, network: str, via: str) -> list[str]:
+        """Reach `network` from the root namespace (and, with the delay line, from every node) through the
+        namespace at address `via`; returns the command that removes the root's route."""
+        if self._switch is not None:
+            try:
+                self._switch.route(network, via)
+            except OSError as e:
+                raise WanError(str(e)) from e
+        self._must(["ip", "route", "add", network, "via", via])
+        return ["ip", "route", "del", network]
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        """Packets and bytes each namespace's link carried, both ways (the delay line counts them; {} with a
+        bridge)."""
+        return {} if self._switch is None else self._switch.stats()
 
     def block(self, node: int, others: Sequence[int]) -> None:
         """Cut `node`'s traffic to `others` (a `prohibit` route per address inside its namespace)."""
@@ -267,9 +332,12 @@ class WanNetwork:
                 errors.append(f"ip netns del {ns}: {err}")
         self._created_ns.clear()
         self._blocked.clear()
-        if self._bridge_made:
+        if self._switch is not None:  # its TUN devices, the root's among them, end with it
+            self._switch.close()
+            self._switch = None
+        elif self._bridge_made:
             rc, err = self._run(["ip", "link", "del", self.bridge])
             if rc:
                 errors.append(f"ip link del {self.bridge}: {err}")
-            self._bridge_made = False
+        self._bridge_made = False
         return errors

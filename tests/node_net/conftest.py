@@ -53,14 +53,15 @@ def cluster(tmp_path: Path, jax_cache: Path):
 
 @pytest.fixture
 def hosts():
-    """`hosts(n)`: n namespaces with their own addresses, removed when the test ends."""
-    spec = LinkSpec(rate_mbit=None, delay_ms=0.0)
-    support = probe(spec)
-    if not support.available:
-        pytest.skip(f"separate hosts need network namespaces: {support.reason}")
+    """`hosts(n)`: n namespaces with their own addresses, removed when the test ends; `hosts(n, "25ms")`
+    joins them by emulated links of that spec (`testnet.wan.LinkSpec.parse`: rate, one-way delay, loss)."""
     made: list[WanNetwork] = []
 
-    def make(n: int) -> WanNetwork:
+    def make(n: int, link: str | None = None) -> WanNetwork:
+        spec = LinkSpec(rate_mbit=None, delay_ms=0.0) if link is None else LinkSpec.parse(link)
+        support = probe(spec)
+        if not support.available:
+            pytest.skip(f"separate hosts need network namespaces: {support.reason}")
         net = WanNetwork(n, spec, support.qdisc)
         made.append(net)
         net.setup()

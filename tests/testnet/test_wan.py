@@ -4,6 +4,7 @@ allows it) a real namespace network that is torn down completely."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -53,9 +54,18 @@ def test_probe_explains_a_failed_namespace_and_cleans_up() -> None:
 def test_probe_falls_back_to_tbf_only_for_rate_only_links() -> None:
     runner = FakeRunner(fail="netem")
     assert probe(LinkSpec(1000, 0, 0), euid=0, which=lambda t: "/x", runner=runner).qdisc == "tbf"
-    r = probe(LinkSpec(1000, 30, 0), euid=0, which=lambda t: "/x", runner=FakeRunner(fail="netem"))
-    assert not r.available and "netem" in r.reason and "30 ms" in r.reason
+    r = probe(LinkSpec(1000, 30, 0), euid=0, which=lambda t: "/x", runner=FakeRunner(fail="netem"),
+              tun_problem=lambda: "cannot create a TUN device (no /dev/net/tun)")
+    assert not r.available and "netem" in r.reason and "30 ms" in r.reason and "no /dev/net/tun" in r.reason
     assert probe(LinkSpec(), euid=0, which=lambda t: "/x", runner=FakeRunner()).qdisc == "netem"
+
+
+def test_probe_takes_the_delay_line_where_netem_is_missing() -> None:
+    r = probe(LinkSpec(200, 20, 0), euid=0, which=lambda t: "/x", runner=FakeRunner(fail="netem"),
+              tun_problem=lambda: None)
+    assert r.available and r.qdisc == "delayline" and "rate by tc tbf" in r.reason
+    assert LinkSpec(200, 20, 0).qdisc_args("delayline")[:3] == ["tbf", "rate", "200mbit"]
+    assert LinkSpec(None, 20, 0).qdisc_args("delayline") is None
 
 
 def test_probe_on_this_machine_gives_a_clear_answer() -> None:
@@ -94,3 +104,73 @@ def test_real_namespaces_are_created_and_removed() -> None:
         assert net.teardown() == []
     names = _names()
     assert net.namespace(0) not in names and net.bridge not in names and f"dlc{net.tag}" not in names
+
+
+def _in(net: WanNetwork, i: int, code: str) -> str:
+    done = subprocess.run([*net.exec_prefix(i), sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5555)); s.listen()
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    while c.recv(1 << 20):
+        pass
+    c.close()
+"""
+
+CLIENT = """
+import socket, time
+rtts = []
+for _ in range(5):
+    t = time.perf_counter(); s = socket.create_connection(("{host}", 5555)); rtts.append(time.perf_counter() - t)
+    s.close()
+s = socket.create_connection(("{host}", 5555))
+buf, n, t = b"x" * (1 << 20), 0, time.perf_counter()
+while n < {nbytes}:
+    s.sendall(buf); n += len(buf)
+s.shutdown(socket.SHUT_WR); s.recv(1)
+print(min(rtts), n * 8 / (time.perf_counter() - t) / 1e6)
+"""
+
+
+def test_the_delay_line_gives_real_round_trips_rates_and_partitions() -> None:
+    """Two namespaces on the delay line (where netem is missing): a TCP handshake takes the round trip (2 × the
+    one-way delay), a stream stays under the tbf rate, the switch counts what crossed, a partition refuses."""
+    spec = LinkSpec.parse("50mbit,15ms")
+    support = probe(spec)
+    if support.qdisc != "delayline":
+        pytest.skip(f"this machine emulates the link without the delay line: {support.reason}")
+    net = WanNetwork(2, spec, support.qdisc)
+    try:
+        net.setup()
+        server = subprocess.Popen([*net.exec_prefix(1), sys.executable, "-c", SERVER, net.host(1)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            rtt_s, mbit = map(float, _in(net, 0, CLIENT.format(host=net.host(1), nbytes=10 << 20)).split())
+        finally:
+            server.kill()
+            server.wait()
+        assert 0.030 <= rtt_s < 0.045, f"round trip {rtt_s * 1000:.1f} ms over two 15 ms one-way links"
+        assert 25 < mbit <= 50, f"{mbit:.1f} Mbit/s through a 50 Mbit/s link"
+        sent = net.link_stats()[f"dlc{net.tag}n0"]
+        assert sent["sent_bytes"] >= 10 << 20 and sent["dropped_unrouted"] == 0, sent
+        net.block(0, [1])
+        refused = _in(net, 0, f"""
+import socket
+try:
+    socket.create_connection(("{net.host(1)}", 5555), timeout=5)
+except OSError as e:
+    print(type(e).__name__)
+""")
+        assert refused.strip() in ("PermissionError", "ConnectionRefusedError", "OSError"), refused
+    finally:
+        assert net.teardown() == []
+    names = _names()
+    assert net.namespace(0) not in names and f"dlc{net.tag}" not in names
