@@ -32,14 +32,17 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from testnet.delayline import SwitchProcess, open_tun
 
 __all__ = ["LinkSpec", "WanError", "WanNetwork", "WanSupport", "is_loopback", "probe"]
 
 Runner = Callable[[Sequence[str]], tuple[int, str]]
+ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` mounts the files of /etc/netns/NS over those of /etc
 
 
 class WanError(RuntimeError):
@@ -260,9 +263,21 @@ class WanNetwork:
                 self._created_ns.append(ns)
                 self.plug(ns, self.host(i), f"dlc{self.tag}n{i}", f"dlc{self.tag}h{i}")
                 self._must(["ip", "-n", ns, "link", "set", "lo", "up"])
+                self._name_host(ns, self.host(i))
         except BaseException:  # WanError, or Ctrl-C half-way: leave nothing behind
             self.teardown()
             raise
+
+    def _name_host(self, ns: str, address: str) -> None:
+        """Inside `ns`, this machine's host name resolves to `address`, as a real host's name resolves to its own
+        address (`ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts): engines that find their address
+        from the host name, such as gloo under `jax.distributed`, then advertise the namespace's."""
+        folder = ETC_NETNS / ns
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+        except OSError as e:
+            raise WanError(f"cannot write {folder / 'hosts'}: {e}") from e
 
     def _switch_add(self, name: str, address: str, *, delay: bool) -> None:
         assert self._switch is not None
@@ -330,6 +345,7 @@ class WanNetwork:
             rc, err = self._run(["ip", "netns", "del", ns])
             if rc:
                 errors.append(f"ip netns del {ns}: {err}")
+            shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
         self._created_ns.clear()
         self._blocked.clear()
         if self._switch is not None:  # its TUN devices, the root's among them, end with it

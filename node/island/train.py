@@ -183,14 +183,16 @@ class InnerLoop:
         tokens_per_batch = tokens_per_batch or batches.batch_size * batches.seq_len
         example = _example(batches) if example is None else example
         params = model.init_params(seed) if params is None else params
-        announce_init(self.island, model_name=model.name, model_config=dict(model.config),
-                      tokens_per_batch=tokens_per_batch, example=example, params=dict(params),
-                      mesh=None if mesh is None else str(mesh), remat=remat, shapes=_shape_lists(model.shapes))
-        self.tokens_per_batch, self._example_batch = tokens_per_batch, example
         if devices is not None and not self.island.single:
             raise ConfigError("an island of several processes trains on all their devices: devices= cannot be given")
         devices = list(devices or self.island.devices())
-        self.mesh_shape = mesh or auto_shape(len(devices), model.param_count, device_memory(devices[0]))
+        # the speaker resolves the mesh and announces it: the followers take its shape, not their own choice
+        local = next((d for d in devices if d.process_index == jax.process_index()), devices[0])
+        self.mesh_shape = mesh or auto_shape(len(devices), model.param_count, device_memory(local))
+        announce_init(self.island, model_name=model.name, model_config=dict(model.config),
+                      tokens_per_batch=tokens_per_batch, example=example, params=dict(params),
+                      mesh=str(self.mesh_shape), remat=remat, shapes=_shape_lists(model.shapes))
+        self.tokens_per_batch, self._example_batch = tokens_per_batch, example
         self.mesh = island_mesh(self.mesh_shape, devices)
         n_dev = self.mesh.devices.size
         if (batch_size := _leading(example)) % n_dev:
