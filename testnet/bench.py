@@ -6,6 +6,7 @@ in the same invocation:
     python -m testnet.bench goodput --slow 5:4       # kills and node 5 four times slower
     python -m testnet.bench slow      # one node 4x slower vs all uniform: fast nodes' tokens/s and the loss
     python -m testnet.bench hostile   # one hostile peer of 4 (testnet.bench_hostile) vs the honest-only run
+    python -m testnet.bench wan       # diloco vs data-parallel over the same emulated WAN (testnet.bench_wan)
 
 `goodput` targets (issue "Self-healing that heals": the nodes must keep learning through the kills, not
 only keep busy): held-out bpb ÷ data-parallel's at equal tokens <= 1.08; held-out bpb below data-parallel's
@@ -40,6 +41,7 @@ import numpy as np
 import trio
 
 from testnet.bench_hostile import bench_hostile
+from testnet.bench_wan import bench_wan
 from testnet.options import Options, build_plan
 from testnet.run import run_testnet
 from testnet.faults import PlanError
@@ -212,8 +214,9 @@ def bench_slow(a: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m testnet.bench", description=__doc__.splitlines()[0])
-    p.add_argument("which", choices=("goodput", "slow", "hostile"))
-    p.add_argument("--nodes", type=int, default=None, help="nodes (default: 6; hostile: 4, one of them hostile)")
+    p.add_argument("which", choices=("goodput", "slow", "hostile", "wan"))
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes (default: 6; hostile: 4, one of them hostile; wan: 3)")
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--factor", type=float, default=4.0, help="slow node's factor (slow benchmark)")
     p.add_argument("--seed", type=int, default=0)
@@ -222,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "learning-rate schedule spans the run (both benchmarks; 0: the preset's schedule)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--inner-steps", type=int, default=None,
-                   help="inner steps per round (default: 50 for goodput, 20 for slow). Goodput uses 50: a "
+                   help="inner steps per round (default: 50 for goodput, 20 for slow, 100 for wan). Goodput uses 50: a "
                         "round's fixed costs (publish, outer step, grace) weigh 1/H, while a kill loses half a "
                         "round on average; 50 is the better trade at one kill every 30 s (BENCHMARKS.md)")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
@@ -249,6 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
                    help="recompute the figures from earlier run directories instead of running: slow: UNIFORM "
                         "SLOWED; goodput: RUN [NO_FAULTS_RUN]; hostile: every run, in the order of its plan")
+    p.add_argument("--rtt-ms", type=float, default=80.0, help="wan: round trip between two nodes (default 80)")
+    p.add_argument("--paper-gbps", type=float, default=2.5,
+                   help="wan: the link rate of the seeds' 12B run to emulate, 2-5 (default 2.5): data-parallel's "
+                        "all-reduce then takes 198 / it times its compute per step")
+    p.add_argument("--dp-seconds", type=float, default=90.0,
+                   help="wan: how long data-parallel trains over the links (its seconds per step; default 90)")
+    p.add_argument("--dp-eval-every", type=int, default=4, help="wan: data-parallel's steps between evaluations")
+    p.add_argument("--json", type=Path, default=None, help="wan: also write the figures to this file")
     a = p.parse_args(argv)
     if a.which == "slow" and a.slow:
         p.error("--slow is for goodput; the slow benchmark slows its last node by --factor")
@@ -257,9 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.from_runs and len(a.from_runs) > 2 and a.which == "goodput":
         p.error("--from-runs: goodput takes RUN [NO_FAULTS_RUN]")
     if a.nodes is None:
-        a.nodes = 4 if a.which == "hostile" else 6
+        a.nodes = {"hostile": 4, "wan": 3}.get(a.which, 6)
     if a.inner_steps is None:
-        a.inner_steps = 50 if a.which == "goodput" else 20
+        a.inner_steps = {"goodput": 50, "wan": 100}.get(a.which, 20)
+    if a.which == "wan":
+        return bench_wan(a, _run)
     if a.which == "hostile":
         bench_hostile(a, _run, _reload, _compare_loss)
         return 0
