@@ -11,6 +11,12 @@ with the `x-diloco-peer` header; that name is used for the byte counters only (i
 authenticated, and need not be: the content is verified by hash). The service remembers which named
 peers received each of the last `RECENT_SERVES` blobs whole (`served_to`, `wait_served`): a node that
 publishes the round it was stopped in waits, bounded, until its peers hold the payload before it leaves.
+
+`Range: bytes=START-END` (or `START-`, one range) is answered `206 Partial Content` with those bytes and a
+`Content-Range`, so that a client can fetch one blob in pieces over several connections and from several
+holders (`p2p.blobfetch.BlobClient.fetch_ranges`); a range past the end is `416`, any other form of the
+header is ignored (the whole blob, 200). A peer counts as having received a blob whole once the ranges it
+was sent add up to its size.
 """
 
 from __future__ import annotations
@@ -36,6 +42,21 @@ PEER_HEADER = "x-diloco-peer"
 DEFAULT_CHUNK = 4 << 20
 RECENT_SERVES = 64  # blobs whose complete serves are remembered, per named peer
 _PEER_NAME = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,64}")  # base58: safe as a metrics label
+_RANGE = re.compile(r"bytes=(\d{1,19})-(\d{0,19})")
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+    """The byte range [start, end) a `Range` header asks of a blob of `size` bytes; None for the whole blob
+    (no header, or one not of the form `bytes=START-[END]`, which is ignored); "unsatisfiable" for a range
+    that starts past the end."""
+    m = _RANGE.fullmatch(header.strip()) if header else None
+    if m is None:
+        return None
+    start = int(m[1])
+    end = size if not m[2] else min(size, int(m[2]) + 1)
+    if start >= size or end <= start:
+        return "unsatisfiable"
+    return start, end
 
 
 def client_name(request: Request, known: Callable[[str], bool] = lambda peer: True) -> str:
@@ -56,6 +77,7 @@ class BlobService:
         self.chunk_bytes = chunk_bytes
         self.known = known  # which `x-diloco-peer` names count under their own name (`client_name`)
         self._served: OrderedDict[str, set[str]] = OrderedDict()  # blob -> peers that received it whole
+        self._partial: OrderedDict[tuple[str, str], int] = OrderedDict()  # (blob, peer) -> bytes sent in ranges
         self._served_one = trio.Event()  # set (and replaced) at every complete serve
 
     def served_to(self, name: str) -> frozenset[str]:
@@ -94,28 +116,47 @@ class BlobService:
             file = open(self.store.path(name), "rb", buffering=0)  # noqa: SIM115 - closed by _stream (or GC)
         except (KeyError, FileNotFoundError):
             return Response.text(404, "no such blob\n")
-        return Response(
-            200,
-            self._stream(file, name, size, peer),
-            {"content-type": "application/octet-stream"},
-            content_length=size,
-        )
+        wanted = parse_range(request.headers.get("range"), size)
+        headers = {"content-type": "application/octet-stream", "accept-ranges": "bytes"}
+        if wanted == "unsatisfiable":
+            file.close()
+            return Response(416, b"range not satisfiable\n", {**headers, "content-range": f"bytes */{size}"})
+        if wanted is None:
+            return Response(200, self._stream(file, name, size, peer, 0, size), headers, content_length=size)
+        start, end = wanted
+        return Response(206, self._stream(file, name, size, peer, start, end),
+                        {**headers, "content-range": f"bytes {start}-{end - 1}/{size}"}, content_length=end - start)
 
-    async def _stream(self, file: io.FileIO, name: str, size: int, peer: str) -> AsyncIterator[bytes]:
-        sent = 0
+    async def _stream(self, file: io.FileIO, name: str, size: int, peer: str, start: int,
+                      end: int) -> AsyncIterator[bytes]:
+        at = start
         try:
             fd = file.fileno()
-            while sent < size:
-                chunk = await trio.to_thread.run_sync(os.pread, fd, min(self.chunk_bytes, size - sent), sent)
+            while at < end:
+                chunk = await trio.to_thread.run_sync(os.pread, fd, min(self.chunk_bytes, end - at), at)
                 if not chunk:
                     break  # the file shrank under us; the client sees a short body
-                sent += len(chunk)
+                at += len(chunk)
                 yield chunk
                 self.counters.sent(peer, Kind.BLOB, len(chunk), frames=0)
         finally:
             file.close()
-            if sent == size:
+            if at == end and self._add_served(name, peer, end - start, size):
                 self.counters.blobs_served += 1
                 self._record_serve(name, peer)
                 self.counters.traffic(peer, Kind.BLOB).sent_frames += 1
-            log.debug("served blob %s to %s: %d of %d bytes", name[:12], peer[:16], sent, size)
+            log.debug("served blob %s to %s: %d of bytes %d-%d of %d", name[:12], peer[:16], at - start, start,
+                      end, size)
+
+    def _add_served(self, name: str, peer: str, sent: int, size: int) -> bool:
+        """Count `sent` bytes of blob `name` served whole to `peer` in a range; True once they add up to it."""
+        if sent >= size:
+            return True
+        key = (name, peer)
+        got = self._partial.pop(key, 0) + sent
+        if got >= size:
+            return True
+        self._partial[key] = got
+        while len(self._partial) > RECENT_SERVES * 8:
+            self._partial.popitem(last=False)
+        return False

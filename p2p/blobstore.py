@@ -187,6 +187,13 @@ class BlobStore:
             raise LocalProtocolError(f"negative blob size {size}")
         return BlobWriter(self, h, size)
 
+    def open_piece_writer(self, h: str, size: int) -> PieceWriter:
+        """A writer for blob `h` whose byte ranges arrive in any order (`PieceWriter.section`)."""
+        check_hex(h)
+        if size < 0:
+            raise LocalProtocolError(f"negative blob size {size}")
+        return PieceWriter(self, h, size)
+
     def _publish(self, h: str, part: Path, size: int) -> None:
         with self._lock:
             os.replace(part, part.parent / h)
@@ -284,6 +291,8 @@ class BlobWriter:
     RemoteProtocolError(TRUNCATED / HASH_MISMATCH) at commit when the bytes are short or wrong.
     """
 
+    _MODE = "wb"
+
     def __init__(self, store: BlobStore, h: str, size: int) -> None:
         self._store = store
         self.name = h
@@ -297,7 +306,7 @@ class BlobWriter:
         self._part = directory / f"{h}.{id(self):x}.part"
         self._done = False
         try:
-            self._file = open(self._part, "wb")  # noqa: SIM115 - closed in close()
+            self._file = open(self._part, self._MODE)  # noqa: SIM115 - closed in close()
         except OSError as exc:
             self._disk_error(exc)
             raise
@@ -343,3 +352,76 @@ class BlobWriter:
                 pass
         if not self._done:
             self._part.unlink(missing_ok=True)
+
+
+class PieceWriter(BlobWriter):
+    """Writes one blob's byte ranges into its part file, in any order and from several threads at once
+    (`section(start, end).write(chunk)`, each an `os.pwrite` at its own offset); `commit()` reads the file back,
+    hashes it, verifies and publishes. The ranges must not overlap; `commit` raises TRUNCATED unless they
+    cover the blob, HASH_MISMATCH when its bytes are wrong (which range was wrong cannot be known: the
+    caller fetches again from one holder to find out)."""
+
+    _MODE = "w+b"
+    HASH_READ = 8 << 20
+
+    def __init__(self, store: BlobStore, h: str, size: int) -> None:
+        super().__init__(store, h, size)
+        self._sections: list[Section] = []
+
+    def section(self, start: int, end: int) -> Section:
+        """Where the bytes [start, end) go; `Section.at` is how far they have been written."""
+        if not 0 <= start <= end <= self.size:
+            raise LocalProtocolError(f"range {start}-{end} outside blob of {self.size} bytes")
+        section = Section(self, start, end)
+        self._sections.append(section)
+        return section
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        raise TypeError("a PieceWriter is written through its sections")
+
+    def _write_at(self, offset: int, chunk: bytes | memoryview) -> None:
+        fd = self._file.fileno()
+        with memoryview(chunk) as view:
+            done = 0
+            try:
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], offset + done)
+            except OSError as exc:
+                self._disk_error(exc)
+                raise
+
+    def commit(self) -> None:
+        self.written = sum(s.at - s.start for s in self._sections)
+        if self.written != self.size:
+            raise RemoteProtocolError(Reason.TRUNCATED, f"blob {self.name[:12]}: {self.written} of {self.size} bytes")
+        digest = hashlib.sha256()
+        fd = self._file.fileno()
+        for offset in range(0, self.size, self.HASH_READ):
+            digest.update(os.pread(fd, min(self.HASH_READ, self.size - offset), offset))
+        if digest.hexdigest() != self.name:
+            raise RemoteProtocolError(Reason.HASH_MISMATCH, f"blob {self.name[:12]}: sha256 differs")
+        try:
+            self._file.close()
+        except OSError as exc:
+            self._disk_error(exc)
+            raise
+        self._store._publish(self.name, self._part, self.size)
+        self._done = True
+
+
+class Section:
+    """The bytes [start, end) of a `PieceWriter`'s blob, written in order from `start`; `at` is the next offset."""
+
+    def __init__(self, writer: PieceWriter, start: int, end: int) -> None:
+        self.writer, self.start, self.end, self.at = writer, start, end, start
+
+    @property
+    def size(self) -> int:
+        return self.end - self.at
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        if self.at + len(chunk) > self.end:
+            raise RemoteProtocolError(Reason.OVERSIZED, f"blob {self.writer.name[:12]}: more than bytes "
+                                      f"{self.start}-{self.end} of its range")
+        self.writer._write_at(self.at, chunk)
+        self.at += len(chunk)

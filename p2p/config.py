@@ -41,6 +41,11 @@ class HostConfig:
     blob_min_rate: float = 128 << 10  # bytes/s: a holder sending slower is dropped as `too_slow` (0: no floor)
     blob_grace_s: float = 10.0  # ... counted from this long after the request
     max_parallel_fetches: int = 4
+    # a blob of at least `range_fetch_bytes` comes as `fetch_streams` byte ranges at once, over as many
+    # connections and from up to as many of its holders (`BlobClient.fetch_ranges`): one TCP stream cannot fill
+    # a link whose bandwidth × round trip exceeds its socket buffer (1: one stream per blob)
+    fetch_streams: int = 4
+    range_fetch_bytes: int = 16 << 20
     # a full disk under data_dir: blobs go to a spill directory in memory (`p2p.blobstore.default_spill_dir`)
     # up to this many bytes (0: none), and fetches wait from 1 s doubling to 30 s after a local write error
     blob_spill_bytes: int = 256 << 20

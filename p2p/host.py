@@ -577,13 +577,46 @@ class Host:
             if pending.fetching == action.peer:  # _fetch_from could not even start (no address)
                 self._execute(self.router.fetch_failed(action.blob, action.peer, None, "peer gone", self.now()))
 
+    def _range_sources(self, peer: str, url: str, name: str) -> list[tuple[str, str]]:
+        """`peer` (the holder the router chose) first, then the blob's other connected holders, at most
+        `fetch_streams` in all."""
+        sources = [(peer, url)]
+        pending = self.router.pending.get(name)
+        for holder in pending.holders if pending is not None else ():
+            state = self.router.peers.get(holder)
+            if holder != peer and state is not None and state.info.http_addr and \
+                    len(sources) < self.config.fetch_streams:
+                sources.append((holder, self.peer_url(state.info.http_addr)))
+        return sources
+
+    async def _download(self, peer: str, url: str, name: str, size: int) -> None:
+        """Blob `name` into the store: in byte ranges from several holders when it is large (`fetch_ranges`),
+        else whole from `peer`. A ranged blob that fails its hash is fetched again whole from `peer` alone, so
+        that a wrong blob is always blamed on the holder that sent it."""
+        cfg = self.config
+        if cfg.fetch_streams < 2 or size < cfg.range_fetch_bytes:
+            await self._client.fetch_once(peer, url, name, size)
+            return
+        sources = self._range_sources(peer, url, name)
+        try:
+            failed = await self._client.fetch_ranges(sources, name, size, cfg.fetch_streams)
+        except RemoteProtocolError as exc:
+            if exc.reason != Reason.HASH_MISMATCH or len(sources) == 1:
+                raise
+            log.warning("blob %s from %d holders failed its hash; fetching it whole from %s to find the holder "
+                        "at fault", name[:12], len(sources), peer)
+            await self._client.fetch_once(peer, url, name, size)
+            return
+        for other, exc in failed.items():
+            log.info("blob %s: holder %s failed a range (%s); the others served it", name[:12], other, exc)
+
     async def _fetch_from(self, peer: str, name: str, size: int) -> bool:
         """One attempt; reports the outcome to the router. True if the blob is now stored."""
         state = self.router.peers.get(peer)
         if state is None or not state.info.http_addr:
             return False
         try:
-            await self._client.fetch_once(peer, self.peer_url(state.info.http_addr), name, size)
+            await self._download(peer, self.peer_url(state.info.http_addr), name, size)
         except RemoteProtocolError as exc:
             self.counters.blob_fetch_failures += 1
             self.counters.events[f"blob_fetch_failed:{exc.reason.value}"] += 1

@@ -166,7 +166,7 @@ def plot(report: dict[str, Any], baseline: dict[str, Any], dp: dict[str, Any], f
     ax.plot([max(s, 1.0) for s, *_ in dp["points"]], [p[3] for p in dp["points"]], "ko-", ms=3,
             label="data-parallel over the links (measured)")
     steps = [(max(step, 1) * f["dp_step_s"], bpb) for step, _, bpb in baseline["points"]]
-    ax.plot(*zip(*steps), "k--", lw=1, label=f"data-parallel: baseline curve x {f['dp_step_s']:.2f} s/step measured")
+    ax.plot(*zip(*steps), "k--.", lw=1, ms=4, label=f"data-parallel: baseline curve x {f['dp_step_s']:.2f} s/step measured")
     ideal = [(max(step, 1) * f["dp_ideal_step_s"], bpb) for step, _, bpb in baseline["points"]]
     ax.plot(*zip(*ideal), ":", color="grey", lw=1, label=f"ideal data-parallel ({f['dp_ideal_step_s']:.2f} s/step)")
     ax.axhline(f["target_bpb"], color="red", lw=0.8, label=f"target {f['target_bpb']:.3f} bpb")

@@ -39,7 +39,7 @@ def test_data_parallel_over_three_namespaces_trains_the_baselines_curve(hosts, t
                          eval_batches=EVAL_BATCHES)
     assert [pt.tokens for pt in local] == [p[2] for p in record["points"]]
     assert [pt.bits_per_byte for pt in local] == pytest.approx([p[3] for p in record["points"]], rel=1e-4)
-    assert record["points"][-1][3] < record["points"][0][3] - 1.0, "it learned"
+    assert record["points"][-1][3] < record["points"][0][3] - 0.3, "it learned (8 steps, inside the warm-up)"
 
     stats = net.link_stats()
     if stats:  # the delay line counts what each link carried (with netem there is a bridge and no counts)

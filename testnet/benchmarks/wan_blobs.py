@@ -1,0 +1,136 @@
+"""Blob goodput over an emulated WAN: one stream from one holder against byte ranges from several.
+
+    python -m testnet.benchmarks.wan_blobs [--mib 100] [--rate 1gbit] [--rtt-ms 40 80] [--repeats 2] [--json FILE]
+
+Three namespaces behind emulated links (`testnet.wan`: rate by tbf, one-way delay by netem or the delay
+line): two holders serve the same blob over the blob plane (`p2p.blobserve`, cleartext: this measures the link,
+not TLS's CPU), the third fetches it (`p2p.blobfetch.BlobClient`) as the node did before (`fetch_once`: one
+connection to one holder), in 4 ranges from one holder, and in 4 ranges from both (what a node now does for a
+blob of at least `HostConfig.range_fetch_bytes`). Prints goodput ÷ the link rate for each, per round trip; the
+ratio is the figure (1 would be the whole shaped rate as blob bytes; TCP/IP headers take ~3%). Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from testnet.wan import LinkSpec, WanNetwork, probe
+
+HOLDER = """
+import sys, trio, numpy as np
+from pathlib import Path
+from p2p.blobserve import BlobService
+from p2p.blobstore import BlobStore
+from p2p.counters import Counters
+from p2p.http import HttpApp, serve_http
+
+async def main(host, folder, mib):
+    store = BlobStore(Path(folder))
+    data = np.random.default_rng(7).integers(0, 256, mib << 20, dtype=np.uint8).tobytes()
+    name = store.put(data)
+    app = HttpApp()
+    BlobService(store, Counters()).mount(app)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_http, app, host, 8700)
+        print(name, len(data), flush=True)
+
+trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+"""
+
+FETCHER = """
+import json, sys, time, trio
+from pathlib import Path
+from p2p.blobfetch import BlobClient
+from p2p.blobstore import BlobStore
+from p2p.counters import Counters
+
+async def main(folder, name, size, sources, modes, repeats):
+    out = {}
+    for mode in modes:
+        times = []
+        for r in range(repeats):
+            store = BlobStore(Path(folder) / f"{mode}-{r}")
+            async with BlobClient(store, Counters(), local_peer="F") as client:
+                start = time.perf_counter()
+                if mode == "one_stream":
+                    await client.fetch_once("A", sources[0][1], name, size)
+                elif mode == "ranges_one_holder":
+                    await client.fetch_ranges(sources[:1], name, size, 4)
+                else:
+                    await client.fetch_ranges(sources, name, size, 4)
+                times.append(time.perf_counter() - start)
+            store.remove(name)
+        out[mode] = times
+    print(json.dumps(out), flush=True)
+
+trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5].split(","),
+         int(sys.argv[6]))
+"""
+
+MODES = ("one_stream", "ranges_one_holder", "ranges_two_holders")
+
+
+def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path) -> dict[str, list[float]]:
+    net = WanNetwork(3, spec, qdisc)
+    net.setup()
+    holders = []
+    try:
+        for i in (0, 1):
+            holders.append(subprocess.Popen([*net.exec_prefix(i), sys.executable, "-c", HOLDER, net.host(i),
+                                             str(workdir / f"holder-{i}"), str(mib)], stdout=subprocess.PIPE, text=True))
+        name, size = None, None
+        for proc in holders:
+            name, size = proc.stdout.readline().split()
+        sources = [["A", f"http://{net.host(0)}:8700"], ["B", f"http://{net.host(1)}:8700"]]
+        done = subprocess.run([*net.exec_prefix(2), sys.executable, "-c", FETCHER, str(workdir / "fetcher"), name,
+                               size, json.dumps(sources), ",".join(MODES), str(repeats)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError(f"the fetcher failed: {done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+        net.teardown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testnet.benchmarks.wan_blobs", description=__doc__.splitlines()[0])
+    p.add_argument("--mib", type=int, default=100, help="blob size in MiB (default 100)")
+    p.add_argument("--rate", default="1gbit", help="each node's link rate (default 1gbit)")
+    p.add_argument("--rtt-ms", type=float, nargs="+", default=[40.0, 80.0], help="round trips to measure")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/diloco-wan-blobs"))
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args(argv)
+    results = []
+    for rtt in a.rtt_ms:
+        spec = LinkSpec.parse(f"{a.rate},{rtt / 2:g}ms")
+        support = probe(spec)
+        if not support.available:
+            print(f"cannot emulate the link: {support.reason}", file=sys.stderr)
+            return 2
+        times = measure(spec, support.qdisc or "netem", a.mib, a.repeats, a.workdir / f"rtt{rtt:g}")
+        bits = (a.mib << 20) * 8
+        row = {"rtt_ms": rtt, "rate_mbit": spec.rate_mbit, "mib": a.mib, "link": str(spec), "emulation": support.reason}
+        print(f"{a.mib} MiB blob, {spec} per node, {rtt:g} ms RTT ({support.reason})")
+        for mode in MODES:
+            best = min(times[mode])
+            ratio = bits / best / (spec.rate_mbit * 1e6)
+            row[mode] = {"seconds": times[mode], "goodput_mbit": bits / best / 1e6, "goodput_over_rate": ratio}
+            print(f"  {mode:<20} {statistics.median(times[mode]):7.2f} s (best {best:.2f}) "
+                  f"{bits / best / 1e6:8.1f} Mbit/s  goodput / rate {ratio:.3f}")
+        results.append(row)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
