@@ -4,22 +4,26 @@ Where `tc netem` is missing (this project's machines have tbf and htb but no net
 namespace into this switch instead of a bridge: each namespace gets a TUN device whose other end is a file
 descriptor held here. A packet a namespace sends is read here, held for its link's one-way delay (dropped with
 its loss probability), then written into the TUN device of the namespace that owns its destination address.
-Rates stay in the kernel: tbf on each TUN device's egress, inside its namespace, before the packet reaches us.
+A node's uplink rate stays in the kernel (tbf on its TUN device's egress, inside its namespace, before the
+packet reaches us); its downlink rate is a token bucket here, on delivery: what several senders send one node
+at once arrives at its link's rate, and a packet that waited more than `QUEUE_S` for it is dropped (a router's
+full queue).
 
 What it models: the kernel's own TCP in every namespace sees the real round-trip time (the delay is on the packet
 path, not in a proxy), so congestion control, slow start, the receive window and socket buffers behave as they
 would over a path of that delay; a bandwidth-delay product that exceeds a socket's buffer limits the stream as it
 would on a WAN. Packets keep their order (one delay per link, no jitter).
 
-What it does not: no jitter, reordering or queueing in a shared core (each node's rate is its own tbf, as if
-its uplink were the bottleneck); loss is independent per packet. The TUN devices carry the kernel's
+What it does not: no jitter, reordering or queueing in a shared core (the bottlenecks are the nodes' own
+links); loss is independent per packet. The TUN devices carry the kernel's
 segmentation-offload packets (up to 64 KiB, `IFF_VNET_HDR` + `TUNSETOFFLOAD`, as a VM's virtio NIC does) so
 that a Python loop keeps up with Gbit/s; a dropped packet is then a whole such burst, so with loss > 0 offload
 is turned off and every packet is one MTU-sized segment (slower here, and honest per-segment loss). Delay
 accuracy is that of `epoll` (about 1 ms) plus this process's scheduling on a loaded machine.
 
 Run as `python -m testnet.delayline`; it reads commands on stdin, one per line, and answers each on stdout:
-  `add NAME ADDRESS DELAY_MS LOSS_PCT OFFLOAD`  create TUN device NAME that owns ADDRESS  → `ok NAME`
+  `add NAME ADDRESS DELAY_MS LOSS_PCT OFFLOAD [RATE_MBIT]`  create TUN device NAME that owns ADDRESS, its
+                                                downlink at RATE_MBIT (default: unlimited) → `ok NAME`
   `route NETWORK ADDRESS`                        packets for NETWORK go to the device owning ADDRESS → `ok NETWORK`
   `stats`                                       → `stats {json}`: packets and bytes per device, both ways
 It exits when stdin closes (its parent died or is done), and its TUN devices vanish with it.
@@ -48,6 +52,7 @@ _IFF_TUN, _IFF_NO_PI, _IFF_VNET_HDR = 0x0001, 0x1000, 0x4000
 _TUN_F_CSUM, _TUN_F_TSO4, _TUN_F_TSO6, _TUN_F_TSO_ECN = 0x01, 0x02, 0x04, 0x08
 VNET_HDR = 10  # struct virtio_net_hdr, the kernel's default size for IFF_VNET_HDR
 FRAME_MAX = VNET_HDR + 65_536
+QUEUE_S = 0.05  # the longest a packet waits for its receiver's downlink before it is dropped (as tbf's latency)
 
 
 def open_tun(name: str, *, offload: bool) -> int:
@@ -74,8 +79,25 @@ class Port:
     address: int  # the IPv4 address it owns, as an integer
     delay_s: float
     loss: float  # probability in [0, 1)
+    rate_bytes_s: float | None = None  # its downlink (None: unlimited)
+    tokens: float = 0.0  # the downlink's bucket, in bytes (at most `burst`)
+    filled_at: float = 0.0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("sent_packets", "sent_bytes", "received_packets", "received_bytes", "dropped_loss", "dropped_unrouted"), 0))
+        ("sent_packets", "sent_bytes", "received_packets", "received_bytes", "dropped_loss", "dropped_unrouted",
+         "dropped_queue"), 0))
+
+    @property
+    def burst(self) -> float:
+        assert self.rate_bytes_s is not None
+        return max(float(FRAME_MAX), self.rate_bytes_s * 0.004)  # one frame, or 4 ms at the rate
+
+    def ready_at(self, nbytes: int, now: float) -> float:
+        """When its downlink can take `nbytes` (now, or later)."""
+        if self.rate_bytes_s is None:
+            return now
+        self.tokens = min(self.burst, self.tokens + (now - self.filled_at) * self.rate_bytes_s)
+        self.filled_at = now
+        return now if self.tokens >= nbytes else now + (nbytes - self.tokens) / self.rate_bytes_s
 
 
 class Switch:
@@ -131,7 +153,8 @@ class Switch:
         return {**self._gone, **{p.name: dict(p.counts) for p in self._by_fd.values()}}
 
     def _next_due(self) -> float | None:
-        heads = [q[0][0] for q in self._held.values() if q]
+        now = self._clock()
+        heads = [max(q[0][0], q[0][2].ready_at(len(q[0][1]) - VNET_HDR, now)) for q in self._held.values() if q]
         return min(heads) if heads else None
 
     def _read(self, port: Port) -> None:
@@ -163,13 +186,23 @@ class Switch:
         now = self._clock()
         for queue in self._held.values():
             while queue and queue[0][0] <= now:
-                _, frame, target = queue.popleft()
+                due, frame, target = queue[0]
+                size = len(frame) - VNET_HDR
+                if target.ready_at(size, now) > now:
+                    if now - due > QUEUE_S:  # waited too long for the receiver's downlink: the queue is full
+                        queue.popleft()
+                        target.counts["dropped_queue"] += 1
+                        continue
+                    break  # it waits (and what follows it on this link: one FIFO per sender)
+                queue.popleft()
+                if target.rate_bytes_s is not None:
+                    target.tokens -= size
                 try:
                     os.write(target.fd, frame)
                 except OSError:  # the namespace is gone or its device is down: the packet is lost, as on a wire
                     continue
                 target.counts["received_packets"] += 1
-                target.counts["received_bytes"] += len(frame) - VNET_HDR
+                target.counts["received_bytes"] += size
 
     def step(self, timeout: float | None) -> list[int]:
         """Wait for a readable fd or the next release (at most `timeout` s), read, release; returns the watched
@@ -191,11 +224,12 @@ class Switch:
 
 def _command(switch: Switch, line: str) -> str:
     words = line.split()
-    if words[:1] == ["add"] and len(words) == 6:
-        name, address, delay_ms, loss_pct, offload = words[1:]
+    if words[:1] == ["add"] and len(words) in (6, 7):
+        name, address, delay_ms, loss_pct, offload = words[1:6]
+        rate = float(words[6]) * 1e6 / 8 if len(words) == 7 else None
         fd = open_tun(name, offload=offload == "1")
         switch.add(Port(name, fd, int(ipaddress.IPv4Address(address)), float(delay_ms) / 1000.0,
-                        float(loss_pct) / 100.0))
+                        float(loss_pct) / 100.0, rate, filled_at=time.monotonic()))
         return f"ok {name}"
     if words[:1] == ["route"] and len(words) == 3:
         switch.route(ipaddress.IPv4Network(words[1]), int(ipaddress.IPv4Address(words[2])))
@@ -224,10 +258,13 @@ class SwitchProcess:
             raise OSError(f"delay line: `{line}`: {answer or 'no answer (it exited)'}")
         return answer
 
-    def add(self, name: str, address: str, *, delay_ms: float, loss_pct: float) -> None:
-        """A TUN device `name` in this (the root) namespace that owns `address`; move it where it belongs."""
+    def add(self, name: str, address: str, *, delay_ms: float, loss_pct: float,
+            rate_mbit: float | None = None) -> None:
+        """A TUN device `name` in this (the root) namespace that owns `address`, its downlink at `rate_mbit`
+        (None: unlimited); move it where it belongs."""
         offload = "0" if loss_pct else "1"  # per-segment loss needs segments (see the module doc)
-        self.command(f"add {name} {address} {delay_ms:g} {loss_pct:g} {offload}")
+        rate = "" if rate_mbit is None else f" {rate_mbit:g}"
+        self.command(f"add {name} {address} {delay_ms:g} {loss_pct:g} {offload}{rate}")
 
     def route(self, network: str, via: str) -> None:
         self.command(f"route {network} {via}")

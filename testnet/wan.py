@@ -14,7 +14,8 @@ inside its namespace, so a packet between two nodes crosses exactly one shaped l
   to the bridge `dlc<tag>br`;
 - where the kernel lacks netem and the link has a delay or loss, every namespace has a TUN device instead,
   joined by `testnet.delayline` (a user-space switch that holds each packet for the delay; its module says
-  what it models and what not), and the rate is tbf on the TUN device. The root namespace's device keeps the
+  what it models and what not); the rate is tbf on the TUN device (the uplink) and a token bucket in the
+  switch (the downlink: several senders to one node share its rate). The root namespace's device keeps the
   name `dlc<tag>br`.
 
 Partitions are `prohibit` routes inside the namespaces (a real network cut: packets are refused, not
@@ -283,7 +284,8 @@ class WanNetwork:
         assert self._switch is not None
         try:
             self._switch.add(name, address, delay_ms=self.spec.delay_ms if delay else 0.0,
-                             loss_pct=self.spec.loss_pct if delay else 0.0)
+                             loss_pct=self.spec.loss_pct if delay else 0.0,
+                             rate_mbit=self.spec.rate_mbit if delay else None)
         except OSError as e:
             raise WanError(str(e)) from e
 

@@ -49,7 +49,7 @@ from p2p.blobfetch import BlobClient
 from p2p.blobstore import BlobStore
 from p2p.counters import Counters
 
-async def main(folder, name, size, sources, modes, repeats):
+async def main(folder, name, size, sources, modes, repeats, streams):
     out = {}
     for mode in modes:
         times = []
@@ -60,22 +60,23 @@ async def main(folder, name, size, sources, modes, repeats):
                 if mode == "one_stream":
                     await client.fetch_once("A", sources[0][1], name, size)
                 elif mode == "ranges_one_holder":
-                    await client.fetch_ranges(sources[:1], name, size, 4)
+                    await client.fetch_ranges(sources[:1], name, size, streams)
                 else:
-                    await client.fetch_ranges(sources, name, size, 4)
+                    await client.fetch_ranges(sources, name, size, streams)
                 times.append(time.perf_counter() - start)
             store.remove(name)
         out[mode] = times
     print(json.dumps(out), flush=True)
 
 trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5].split(","),
-         int(sys.argv[6]))
+         int(sys.argv[6]), int(sys.argv[7]))
 """
 
 MODES = ("one_stream", "ranges_one_holder", "ranges_two_holders")
 
 
-def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path) -> dict[str, list[float]]:
+def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path,
+            streams: int) -> dict[str, list[float]]:
     net = WanNetwork(3, spec, qdisc)
     net.setup()
     holders = []
@@ -88,7 +89,7 @@ def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path) -
             name, size = proc.stdout.readline().split()
         sources = [["A", f"http://{net.host(0)}:8700"], ["B", f"http://{net.host(1)}:8700"]]
         done = subprocess.run([*net.exec_prefix(2), sys.executable, "-c", FETCHER, str(workdir / "fetcher"), name,
-                               size, json.dumps(sources), ",".join(MODES), str(repeats)],
+                               size, json.dumps(sources), ",".join(MODES), str(repeats), str(streams)],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode:
             raise RuntimeError(f"the fetcher failed: {done.stderr[-2000:]}")
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default="1gbit", help="each node's link rate (default 1gbit)")
     p.add_argument("--rtt-ms", type=float, nargs="+", default=[40.0, 80.0], help="round trips to measure")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--streams", type=int, default=4, help="ranges at once (the node's fetch_streams; default 4)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/diloco-wan-blobs"))
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -116,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         if not support.available:
             print(f"cannot emulate the link: {support.reason}", file=sys.stderr)
             return 2
-        times = measure(spec, support.qdisc or "netem", a.mib, a.repeats, a.workdir / f"rtt{rtt:g}")
+        times = measure(spec, support.qdisc or "netem", a.mib, a.repeats, a.workdir / f"rtt{rtt:g}", a.streams)
         bits = (a.mib << 20) * 8
-        row = {"rtt_ms": rtt, "rate_mbit": spec.rate_mbit, "mib": a.mib, "link": str(spec), "emulation": support.reason}
-        print(f"{a.mib} MiB blob, {spec} per node, {rtt:g} ms RTT ({support.reason})")
+        row = {"rtt_ms": rtt, "rate_mbit": spec.rate_mbit, "mib": a.mib, "streams": a.streams, "link": str(spec),
+               "emulation": support.reason}
+        print(f"{a.mib} MiB blob, {spec} per node, {rtt:g} ms RTT, {a.streams} ranges at once ({support.reason})")
         for mode in MODES:
             best = min(times[mode])
             ratio = bits / best / (spec.rate_mbit * 1e6)

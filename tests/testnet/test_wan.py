@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,14 +115,15 @@ def _in(net: WanNetwork, i: int, code: str) -> str:
 
 
 SERVER = """
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5555)); s.listen()
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
+import socket, sys, threading
+def drain(c):
     while c.recv(1 << 20):
         pass
     c.close()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 5555)); s.listen()
+print("ready", flush=True)
+while True:
+    threading.Thread(target=drain, args=(s.accept()[0],), daemon=True).start()
 """
 
 CLIENT = """
@@ -140,13 +142,14 @@ print(min(rtts), n * 8 / (time.perf_counter() - t) / 1e6)
 
 
 def test_the_delay_line_gives_real_round_trips_rates_and_partitions() -> None:
-    """Two namespaces on the delay line (where netem is missing): a TCP handshake takes the round trip (2 × the
-    one-way delay), a stream stays under the tbf rate, the switch counts what crossed, a partition refuses."""
+    """Namespaces on the delay line (where netem is missing): a TCP handshake takes the round trip (2 × the
+    one-way delay), a stream stays under the rate (tbf on the sender's uplink), two senders at once share the
+    receiver's downlink (the switch's bucket), the switch counts what crossed, a partition refuses."""
     spec = LinkSpec.parse("50mbit,15ms")
     support = probe(spec)
     if support.qdisc != "delayline":
         pytest.skip(f"this machine emulates the link without the delay line: {support.reason}")
-    net = WanNetwork(2, spec, support.qdisc)
+    net = WanNetwork(3, spec, support.qdisc)
     try:
         net.setup()
         server = subprocess.Popen([*net.exec_prefix(1), sys.executable, "-c", SERVER, net.host(1)],
@@ -154,11 +157,19 @@ def test_the_delay_line_gives_real_round_trips_rates_and_partitions() -> None:
         try:
             assert server.stdout.readline().strip() == "ready"
             rtt_s, mbit = map(float, _in(net, 0, CLIENT.format(host=net.host(1), nbytes=10 << 20)).split())
+            started = time.perf_counter()  # (their start-up counts too: this bounds the shared rate from above)
+            both = [subprocess.Popen([*net.exec_prefix(i), sys.executable, "-c",
+                                      CLIENT.format(host=net.host(1), nbytes=24 << 20)], stdout=subprocess.PIPE, text=True)
+                    for i in (0, 2)]
+            for p in both:
+                p.communicate(timeout=60)
+            shared = (48 << 20) * 8 / (time.perf_counter() - started) / 1e6
         finally:
             server.kill()
             server.wait()
         assert 0.030 <= rtt_s < 0.045, f"round trip {rtt_s * 1000:.1f} ms over two 15 ms one-way links"
         assert 25 < mbit <= 50, f"{mbit:.1f} Mbit/s through a 50 Mbit/s link"
+        assert shared <= 56, f"two senders into one 50 Mbit/s downlink: {shared:.1f} Mbit/s together"
         sent = net.link_stats()[f"dlc{net.tag}n0"]
         assert sent["sent_bytes"] >= 10 << 20 and sent["dropped_unrouted"] == 0, sent
         net.block(0, [1])
