@@ -109,3 +109,26 @@ async def test_status_and_extra_routes(tmp_path: Path) -> None:
                 assert got["counters"]["peers"][b.peer_id]["control"]["recv_bytes"] > 0
             await b.close()
             await a.close()
+
+
+async def test_a_large_blob_comes_in_byte_ranges_from_every_holder(tmp_path: Path) -> None:
+    """A blob of at least `range_fetch_bytes` comes as `fetch_streams` ranges at once, over as many connections
+    (TLS, as between nodes), verified whole; the holder counts the fetcher as served once its ranges add up.
+    (Several holders at once: tests/p2p/test_blob_ranges.py.)"""
+    data = os.urandom(3 << 20)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, host_config(tmp_path, "a"))
+            c = await start(nursery, host_config(tmp_path, "c", bootstrap=(a.gossip_addr,),
+                                                 range_fetch_bytes=1 << 20, fetch_streams=4))
+            await wait_for(lambda: a.peer_id in c.connected_peers(), what="c connected")
+            name = await a.add_blob(data)
+            path = await c.fetch_blob(name, len(data), [a.peer_id])
+            assert path.read_bytes() == data and c.counters.blob_downloads == 1
+            assert a.counters.blobs_served == 1, "a's ranges added up to the blob: served once"
+            from p2p.counters import Kind
+
+            await wait_for(lambda: a.counters.traffic(c.peer_id, Kind.BLOB).sent_bytes == len(data),
+                           what="a's four ranges counted")
+            for host in (c, a):
+                await host.close()
