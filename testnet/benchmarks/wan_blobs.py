@@ -3,10 +3,11 @@
     python -m testnet.benchmarks.wan_blobs [--mib 100] [--rate 1gbit] [--rtt-ms 40 80] [--repeats 2] [--json FILE]
 
 Three namespaces behind emulated links (`testnet.wan`: rate by tbf, one-way delay by netem or the delay
-line): two holders serve the same blob over the blob plane (`p2p.blobserve`, cleartext: this measures the link,
-not TLS's CPU), the third fetches it (`p2p.blobfetch.BlobClient`) as the node did before (`fetch_once`: one
-connection to one holder), in 4 ranges from one holder, and in 4 ranges from both (what a node now does for a
-blob of at least `HostConfig.range_fetch_bytes`). Prints goodput ÷ the link rate for each, per round trip; the
+line): two holders serve the same blob over the blob plane (`p2p.blobserve`; cleartext by default, which
+measures the link and not TLS's CPU, `--tls` for TLS 1.3 as between nodes), the third fetches it
+(`p2p.blobfetch.BlobClient`) as the node did before (`fetch_once`: one connection to one holder), in 4 ranges
+from one holder, and in 4 ranges from both (what a node now does for a blob of at least
+`HostConfig.range_fetch_bytes`). Prints goodput ÷ the link rate for each, per round trip; the
 ratio is the figure (1 would be the whole shaped rate as blob bytes; TCP/IP headers take ~3%). Needs root.
 """
 
@@ -22,24 +23,28 @@ from pathlib import Path
 from testnet.wan import LinkSpec, WanNetwork, probe
 
 HOLDER = """
-import sys, trio, numpy as np
+import functools, sys, trio, numpy as np
 from pathlib import Path
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore
 from p2p.counters import Counters
 from p2p.http import HttpApp, serve_http
+from p2p.tls import Credentials
+from protocol.identity import Identity
 
-async def main(host, folder, mib):
+async def main(host, folder, mib, tls):
     store = BlobStore(Path(folder))
     data = np.random.default_rng(7).integers(0, 256, mib << 20, dtype=np.uint8).tobytes()
     name = store.put(data)
     app = HttpApp()
     BlobService(store, Counters()).mount(app)
+    identity = Identity.generate()
+    serve = functools.partial(serve_http, tls=Credentials(identity).http_server if tls else None)
     async with trio.open_nursery() as nursery:
-        await nursery.start(serve_http, app, host, 8700)
-        print(name, len(data), flush=True)
+        await nursery.start(serve, app, host, 8700)
+        print(name, len(data), identity.peer_id if tls else "A", flush=True)
 
-trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "tls")
 """
 
 FETCHER = """
@@ -49,16 +54,19 @@ from p2p.blobfetch import BlobClient
 from p2p.blobstore import BlobStore
 from p2p.counters import Counters
 
-async def main(folder, name, size, sources, modes, repeats, streams):
+async def main(folder, name, size, sources, modes, repeats, streams, tls):
+    from p2p.tls import Credentials
+    from protocol.identity import Identity
+    credentials = Credentials(Identity.generate()) if tls else None
     out = {}
     for mode in modes:
         times = []
         for r in range(repeats):
             store = BlobStore(Path(folder) / f"{mode}-{r}")
-            async with BlobClient(store, Counters(), local_peer="F") as client:
+            async with BlobClient(store, Counters(), local_peer="F", credentials=credentials) as client:
                 start = time.perf_counter()
                 if mode == "one_stream":
-                    await client.fetch_once("A", sources[0][1], name, size)
+                    await client.fetch_once(sources[0][0], sources[0][1], name, size)
                 elif mode == "ranges_one_holder":
                     await client.fetch_ranges(sources[:1], name, size, streams)
                 else:
@@ -69,27 +77,30 @@ async def main(folder, name, size, sources, modes, repeats, streams):
     print(json.dumps(out), flush=True)
 
 trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5].split(","),
-         int(sys.argv[6]), int(sys.argv[7]))
+         int(sys.argv[6]), int(sys.argv[7]), sys.argv[8] == "tls")
 """
 
 MODES = ("one_stream", "ranges_one_holder", "ranges_two_holders")
 
 
 def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path,
-            streams: int) -> dict[str, list[float]]:
+            streams: int, tls: bool) -> dict[str, list[float]]:
     net = WanNetwork(3, spec, qdisc)
     net.setup()
     holders = []
     try:
         for i in (0, 1):
             holders.append(subprocess.Popen([*net.exec_prefix(i), sys.executable, "-c", HOLDER, net.host(i),
-                                             str(workdir / f"holder-{i}"), str(mib)], stdout=subprocess.PIPE, text=True))
-        name, size = None, None
-        for proc in holders:
-            name, size = proc.stdout.readline().split()
-        sources = [["A", f"http://{net.host(0)}:8700"], ["B", f"http://{net.host(1)}:8700"]]
+                                             str(workdir / f"holder-{i}"), str(mib), "tls" if tls else "clear"],
+                                            stdout=subprocess.PIPE, text=True))
+        scheme = "https" if tls else "http"
+        sources = []
+        for i, proc in enumerate(holders):
+            name, size, peer = proc.stdout.readline().split()
+            sources.append([peer if tls else "AB"[i], f"{scheme}://{net.host(i)}:8700"])
         done = subprocess.run([*net.exec_prefix(2), sys.executable, "-c", FETCHER, str(workdir / "fetcher"), name,
-                               size, json.dumps(sources), ",".join(MODES), str(repeats), str(streams)],
+                               size, json.dumps(sources), ",".join(MODES), str(repeats), str(streams),
+                               "tls" if tls else "clear"],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode:
             raise RuntimeError(f"the fetcher failed: {done.stderr[-2000:]}")
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtt-ms", type=float, nargs="+", default=[40.0, 80.0], help="round trips to measure")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--streams", type=int, default=4, help="ranges at once (the node's fetch_streams; default 4)")
+    p.add_argument("--tls", action="store_true", help="over TLS 1.3, as between nodes (default: cleartext)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/diloco-wan-blobs"))
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -118,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         if not support.available:
             print(f"cannot emulate the link: {support.reason}", file=sys.stderr)
             return 2
-        times = measure(spec, support.qdisc or "netem", a.mib, a.repeats, a.workdir / f"rtt{rtt:g}", a.streams)
+        times = measure(spec, support.qdisc or "netem", a.mib, a.repeats, a.workdir / f"rtt{rtt:g}", a.streams, a.tls)
         bits = (a.mib << 20) * 8
         row = {"rtt_ms": rtt, "rate_mbit": spec.rate_mbit, "mib": a.mib, "streams": a.streams, "link": str(spec),
-               "emulation": support.reason}
-        print(f"{a.mib} MiB blob, {spec} per node, {rtt:g} ms RTT, {a.streams} ranges at once ({support.reason})")
+               "emulation": support.reason, "tls": a.tls}
+        print(f"{a.mib} MiB blob, {spec} per node, {rtt:g} ms RTT, {a.streams} ranges at once, "
+              f"{'TLS 1.3' if a.tls else 'cleartext'} ({support.reason})")
         for mode in MODES:
             best = min(times[mode])
             ratio = bits / best / (spec.rate_mbit * 1e6)
