@@ -40,19 +40,21 @@ from p2p.access import HEALTH_PATH, guard_for, health
 from p2p.blobserve import BlobService
 from p2p.blobstore import BlobStore, default_spill_dir
 from p2p.config import HostConfig
-from p2p.connection import Connection, choose_eviction, handshaking_from
+from p2p.connection import Connection
 from p2p.counters import Counters
 from p2p.dials import DialFailures
-from p2p.errors import AddressError, BlobGone, LocalStoreError, TransportError
+from p2p.errors import AddressError, TransportError
 from p2p.http import HttpApp, serve_http
 from p2p.httpclient import http_client
 from p2p.outreach import Outreach
-from p2p.tls import Credentials, TlsStream, connect
-from p2p.transport import dial, format_addr, listener_addr, open_listener
+from p2p.tls import Credentials
+from p2p.fetching import BlobFetching
+from p2p.links import PeerLinks
+from p2p.transport import format_addr, listener_addr, open_listener
 from protocol import signing
-from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.gossip import Action, Deliver, Dial, Disconnect, Fetch, Handshake, Reject, Router, Send, State
-from protocol.messages import Goodbye, Hello, PeerInfo, Signed, StateManifest, UpdateHeader, split_addr
+from protocol.errors import LocalProtocolError, Reason
+from protocol.gossip import Action, Deliver, Dial, Disconnect, Fetch, Reject, Router, Send
+from protocol.messages import Goodbye, PeerInfo, Signed, StateManifest, UpdateHeader
 from protocol.seen import SeqnoSource
 
 log = logging.getLogger("p2p.host")
@@ -85,7 +87,7 @@ class PeerStatus:
     state: str | None
 
 
-class Host:
+class Host(PeerLinks, BlobFetching):
     """Create through `run(config)`; the methods below are the node's API."""
 
     def __init__(self, config: HostConfig) -> None:
@@ -207,22 +209,6 @@ class Host:
         self._execute(self.router.publish(signed, self.now()))
         log.info("published %s %s", body.KIND, signed.message_id.hex()[:16])
         return signed
-
-    async def fetch_blob(self, name: str, size: int, peers: Sequence[str] | None = None) -> Path:
-        """Download blob `name` (e.g. state listed in a manifest) from `peers` (default: every
-        connected peer) in order until one serves the right bytes; it is then served onward.
-        Raises TransportError if nobody could. The path stays readable only while the caller `keep`s the
-        blob in the store (`BlobStore.keep`): anyone may remove it once this returns."""
-        if self.store.has(name):
-            return self.store.path(name)
-        candidates = list(peers) if peers is not None else sorted(self.router.peers)
-        for peer in candidates:
-            if await self._fetch_from(peer, name, size):
-                try:
-                    return self.store.path(name)
-                except KeyError:  # removed here while this task waited for the stored blob (not kept)
-                    raise TransportError(f"blob {name[:12]}: removed here as soon as it was fetched") from None
-        raise TransportError(f"blob {name[:12]}: no peer of {len(candidates)} served it")
 
     def block(self, peers: Sequence[str], seconds: float) -> None:
         """Drop the connections to `peers` and refuse them (inbound and dials) for `seconds`: an
@@ -395,252 +381,6 @@ class Host:
         else:
             log.debug("dropped a %s frame to %s: send queue full", kind, action.peer)
 
-    # ---- connections ------------------------------------------------------------------------------
-
-    async def _on_inbound(self, stream: trio.SocketStream) -> None:
-        remote = format_addr(*stream.socket.getpeername()[:2])
-        # the TLS handshake runs inside the gossip handshake's deadline (the first send or receive starts it)
-        link = stream if self.tls is None else TlsStream(stream, self.tls.gossip_server, server_side=True)
-        await self._run_connection(link, outbound=False, remote=remote)
-
-    async def _dial(self, action: Dial) -> None:
-        self.counters.events["dials"] += 1
-        try:
-            if self.tls is None:
-                stream: trio.abc.Stream = await dial(action.address, self.config.dial_timeout_s)
-            else:
-                stream = await connect(action.address, self.tls.gossip_client, self.config.dial_timeout_s,
-                                       expected_peer=action.peer)
-        except (TransportError, RemoteProtocolError) as exc:
-            if isinstance(exc, RemoteProtocolError):
-                self._execute([Reject(action.peer or split_addr(action.address)[0], exc.reason, f"dial {action.address}: {exc.detail}")])
-            self.dial_failures.failed(action.address, str(exc), self.now())
-            self._execute(self.router.dial_failed(action.address, self.now()))
-            return
-        await self._run_connection(stream, outbound=True, remote=action.address, dialed=action.address, expected=action.peer)
-
-    async def _run_connection(
-        self, stream: trio.abc.Stream, *, outbound: bool, remote: str, dialed: str | None = None, expected: str | None = None
-    ) -> None:
-        refusal = self._admit(outbound, remote)
-        if refusal is not None:
-            self.counters.events[refusal] += 1
-            await stream.aclose()
-            if dialed is not None:
-                self._execute(self.router.dial_failed(dialed, self.now()))
-            return
-        self._next_conn += 1
-        cfg = self.config
-        conn = Connection(
-            stream, self._next_conn, self.counters, remote=remote, outbound=outbound,
-            max_frame_size=cfg.max_frame_size, queue_frames=cfg.queue_frames, queue_bytes=cfg.queue_bytes,
-        )
-        self._conns[conn.id] = conn
-        hello: Hello | None = None
-        refused = False
-        try:
-            with conn.cancel_scope:
-                hello = await self._handshake(conn, expected)
-                if hello is None:
-                    return
-                self._execute(self.router.connected(hello, conn.id, outbound, self.now(), dialed, remote))
-                if conn.cancel_scope.cancel_called:
-                    hello, refused = None, True  # refused (duplicate, banned, full): not a disconnect of a peer
-                    return
-                self.counters.events["connects"] += 1
-                if dialed is not None:
-                    self.dial_failures.succeeded(dialed)
-                log.info("connected %s %s %s (conn %d)", hello.peer_id, "to" if outbound else "from", remote, conn.id)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop, conn)
-                    await self._read_loop(conn)
-                    nursery.cancel_scope.cancel()
-        finally:
-            del self._conns[conn.id]
-            try:
-                if refused:
-                    await self._last_words(conn)
-            finally:
-                await conn.aclose()
-            if hello is not None:
-                self.counters.events["disconnects"] += 1
-                log.info("disconnected %s (conn %d): %s", hello.peer_id, conn.id, conn.close_reason or "closed")
-                self._execute(self.router.disconnected(hello.peer_id, conn.id, self.now()))
-
-    def _admit(self, outbound: bool, remote: str) -> str | None:
-        """Room for a new connection from `remote` (making it by eviction when every slot is taken), or the
-        counter of the refusal."""
-        if self._closing:
-            return "refused_connections"
-        conns = self._conns.values()
-        if not outbound and handshaking_from(conns, remote) >= self.config.max_handshakes_per_host:
-            return "refused_handshakes_per_host"
-        if sum(1 for c in conns if not c.closing) < self.config.max_connections:
-            return None
-        now = trio.current_time()
-        chosen = choose_eviction(conns, "" if outbound else remote, now, self.router.config.heartbeat_timeout_s / 2)
-        if chosen is None:
-            return "refused_connections"
-        victim, why = chosen
-        self.counters.events["evicted_handshakes" if victim.handshaking else "evicted_silent"] += 1
-        log.debug("%s (conn %d, %s) for a connection from %s", why, victim.id, victim.remote, remote)
-        victim.close(why)
-        return None
-
-    async def _last_words(self, conn: Connection) -> None:
-        """A peer refused for room was sent a `peer_exchange` (queued; its writer never ran): write it, bounded."""
-        with trio.move_on_after(self.config.goodbye_flush_s):
-            try:
-                await conn.write_queued()
-            except TransportError as exc:
-                log.debug("last frames to %s not written: %s", conn.remote, exc)
-
-    async def _handshake(self, conn: Connection, expected: str | None) -> Hello | None:
-        handshake = Handshake(
-            self.identity, self.router.validator, gossip_addr=self.gossip_addr, http_addr=self.http_addr,
-            challenge=signing.new_challenge(), expected_peer=expected, agent=self.config.agent,
-            remote_host=split_addr(conn.remote)[0] if conn.remote else None, run_config=self.config.run_config,
-            admission=self.config.admission, speaks_first=conn.outbound or not self.config.admission.closed,
-        )
-        try:
-            with trio.fail_after(self.config.handshake_timeout_s):
-                for message in handshake.first_messages():
-                    await conn.send_direct(message)
-                while handshake.state is not State.DONE:
-                    frame = await conn.next_frame()
-                    for message in handshake.receive_frame(frame, self.now()):
-                        await conn.send_direct(message)
-        except RemoteProtocolError as exc:
-            # before the Hello, only the remote host is known (not the port: bounded counter keys)
-            who = handshake.peer.peer_id if handshake.peer is not None else conn.remote.rpartition(":")[0]
-            if self.tls is None and conn.first_bytes_look_like_tls():
-                exc = RemoteProtocolError(Reason.TLS_PEER, "the peer speaks TLS; this node was started with --insecure")
-            self._execute([Reject(who, exc.reason, f"handshake: {exc.detail}")])
-            if handshake.hello_owed:  # an admitted member with other settings: it may still read ours (node.adopt)
-                await self._owed_hello(conn, handshake.hello)
-            conn.close(f"handshake refused: {exc.reason.value}")
-            if conn.outbound:
-                self.dial_failures.failed(conn.remote, f"handshake refused: {exc}", self.now())
-        except (TransportError, trio.TooSlowError) as exc:
-            log.debug("handshake with %s failed: %r", conn.remote, exc)
-            conn.close("handshake failed")
-            if conn.outbound:
-                self.dial_failures.failed(conn.remote, f"handshake failed: {exc or 'no answer in time'}", self.now())
-        else:
-            assert handshake.peer is not None
-            proven = conn.stream.peer_id if isinstance(conn.stream, TlsStream) else handshake.peer.peer_id
-            if proven != handshake.peer.peer_id:
-                self._execute([Reject(handshake.peer.peer_id, Reason.BAD_IDENTITY,
-                                      f"handshake: the hello is of {handshake.peer.peer_id}, the TLS certificate of {proven}")])
-                conn.close("handshake refused: bad_identity")
-                return None
-            conn.authenticated(handshake.peer.peer_id)
-            return handshake.peer
-        if conn.outbound and conn.remote:
-            self._execute(self.router.dial_failed(conn.remote, self.now()))
-        return None
-
-    async def _owed_hello(self, conn: Connection, hello: Hello) -> None:
-        with trio.move_on_after(self.config.goodbye_flush_s):
-            try:
-                await conn.send_direct(hello)
-            except TransportError as exc:
-                log.debug("the owed hello to %s not sent: %s", conn.remote, exc)
-
-    async def _read_loop(self, conn: Connection) -> None:
-        while True:
-            try:
-                frame = await conn.next_frame()
-            except TransportError as exc:
-                conn.close_reason = conn.close_reason or str(exc)
-                return
-            except RemoteProtocolError as exc:
-                conn.close_reason = f"stream error: {exc.reason.value}"
-                self._execute(self.router.stream_error(conn.peer, conn.id, exc.reason, self.now()))
-                return
-            self._execute(self.router.received(conn.peer, conn.id, frame, self.now()))
-
-    async def _write_loop(self, conn: Connection) -> None:
-        try:
-            await conn.run_writer()
-        except TransportError as exc:
-            conn.close(str(exc))
-
-    # ---- blobs ------------------------------------------------------------------------------------
-
-    async def _fetch(self, action: Fetch) -> None:
-        await trio.sleep_until(self._local_backoff.until)  # the local store failed a write: wait, not the holders
-        async with self._fetch_slots:
-            stored = await self._fetch_from(action.peer, action.blob, action.size)
-        pending = self.router.pending.get(action.blob)
-        if not stored and pending is not None:
-            if pending.fetching == action.peer:  # _fetch_from could not even start (no address)
-                self._execute(self.router.fetch_failed(action.blob, action.peer, None, "peer gone", self.now()))
-
-    def _range_sources(self, peer: str, url: str, name: str) -> list[tuple[str, str]]:
-        """`peer` (the holder the router chose) first, then the blob's other connected holders, at most
-        `fetch_streams` in all."""
-        sources = [(peer, url)]
-        pending = self.router.pending.get(name)
-        for holder in pending.holders if pending is not None else ():
-            state = self.router.peers.get(holder)
-            if holder != peer and state is not None and state.info.http_addr and \
-                    len(sources) < self.config.fetch_streams:
-                sources.append((holder, self.peer_url(state.info.http_addr)))
-        return sources
-
-    async def _download(self, peer: str, url: str, name: str, size: int) -> None:
-        """Blob `name` into the store: in byte ranges from several holders when it is large (`fetch_ranges`),
-        else whole from `peer`. A ranged blob that fails its hash is fetched again whole from `peer` alone, so
-        that a wrong blob is always blamed on the holder that sent it."""
-        cfg = self.config
-        if cfg.fetch_streams < 2 or size < cfg.range_fetch_bytes:
-            await self._client.fetch_once(peer, url, name, size)
-            return
-        sources = self._range_sources(peer, url, name)
-        try:
-            failed = await self._client.fetch_ranges(sources, name, size, cfg.fetch_streams)
-        except RemoteProtocolError as exc:
-            if exc.reason != Reason.HASH_MISMATCH or len(sources) == 1:
-                raise
-            log.warning("blob %s from %d holders failed its hash; fetching it whole from %s to find the holder "
-                        "at fault", name[:12], len(sources), peer)
-            await self._client.fetch_once(peer, url, name, size)
-            return
-        for other, exc in failed.items():
-            log.info("blob %s: holder %s failed a range (%s); the others served it", name[:12], other, exc)
-
-    async def _fetch_from(self, peer: str, name: str, size: int) -> bool:
-        """One attempt; reports the outcome to the router. True if the blob is now stored."""
-        state = self.router.peers.get(peer)
-        if state is None or not state.info.http_addr:
-            return False
-        try:
-            await self._download(peer, self.peer_url(state.info.http_addr), name, size)
-        except RemoteProtocolError as exc:
-            self.counters.blob_fetch_failures += 1
-            self.counters.events[f"blob_fetch_failed:{exc.reason.value}"] += 1
-            self._execute(self.router.fetch_failed(name, peer, exc.reason, exc.detail, self.now()))
-            return False
-        except LocalStoreError as exc:  # not the holder's fault: the same holder is asked again after a wait
-            self.counters.blob_fetch_failures += 1
-            self.counters.events["blob_fetch_failed:local_store"] += 1
-            wait = self._local_backoff.failed(trio.current_time())
-            log.log(logging.WARNING if wait <= LocalBackoff.FIRST else logging.DEBUG,
-                    "blob %s not stored here (%s); fetches wait %.0f s", name[:12], exc, wait)
-            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now()))
-            return False
-        except TransportError as exc:
-            self.counters.blob_fetch_failures += 1
-            self.counters.events["blob_fetch_failed:transport"] += 1
-            log.info("fetch of blob %s from %s failed (the next holder is tried): %s", name[:12], peer, exc)
-            gone = isinstance(exc, BlobGone)  # not asked again for it
-            self._execute(self.router.fetch_failed(name, peer, None, str(exc), self.now(), gone=gone))
-            return False
-        self._local_backoff.succeeded()
-        log.info("fetched blob %s (%d bytes) from %s", name[:12], size, peer)
-        self._execute(self.router.blob_stored(name, self.now(), source=peer))
-        return True
 
 
 async def run(config: HostConfig, *, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:

@@ -248,8 +248,8 @@ class FaultPlan:
             raise PlanError(f"not a fault plan: {e!r}") from None
 
     def to_sim(self) -> Any:
-        """The kills as a `testnet.sim.FaultPlan` (interrupt learner `node` at `at`)."""
-        from testnet.sim.faults import Fault, FaultPlan as SimPlan
+        """The kills as a `testnet.sim.SimPlan` (interrupt learner `node` at `at`)."""
+        from testnet.sim.faults import Fault, SimPlan
 
         return SimPlan([Fault(time=k.at, group=k.node) for k in self.kills])
 

@@ -1,5 +1,5 @@
-"""Did the run work? `assess` judges a recorded testnet run, purely (a `Timeline` in, an `Outcome`
-out); `Outcome.describe` then quotes the failed nodes' logs for the user.
+"""Did the run work? `assess` judges a recorded testnet run, purely (a `Timeline` in, a `RunOutcome`
+out); `RunOutcome.describe` then quotes the failed nodes' logs for the user.
 
 A node *failed* when its last process ended without being asked to: it exited by itself before
 finishing its `--max-rounds` (the supervisor records `exit` with `expected: false`), or it did not come
@@ -20,7 +20,7 @@ from typing import Any
 from testnet.procs import log_tail
 from testnet.timeline import Timeline
 
-__all__ = ["NodeFailure", "Outcome", "RunFailed", "assess"]
+__all__ = ["NodeFailure", "RunOutcome", "RunFailed", "assess"]
 
 TAIL_LINES = 5  # lines of a failed node's log quoted in the verdict
 
@@ -35,7 +35,7 @@ class NodeFailure:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class RunOutcome:
     """The verdict: the nodes that failed, and the tokens trained by all nodes together."""
 
     nodes: int
@@ -71,8 +71,8 @@ class Outcome:
 
 
 class RunFailed(RuntimeError):
-    """The run went through but did not work (see `Outcome`): the message says why in one line,
-    `details` has a paragraph per failed node (`Outcome.describe`); the records are in `run_dir`."""
+    """The run went through but did not work (see `RunOutcome`): the message says why in one line,
+    `details` has a paragraph per failed node (`RunOutcome.describe`); the records are in `run_dir`."""
 
     def __init__(self, message: str, run_dir: Path, details: list[str]) -> None:
         super().__init__(message)
@@ -96,7 +96,7 @@ def _failure(tl: Timeline, node: int) -> NodeFailure | None:
     return NodeFailure(node, last, f"exited by itself with status {crash.get('rc')}")
 
 
-def assess(tl: Timeline) -> Outcome:
+def assess(tl: Timeline) -> RunOutcome:
     """The verdict on a run (see module doc)."""
     failures = tuple(f for node in range(tl.meta.nodes) if (f := _failure(tl, node)) is not None)
-    return Outcome(nodes=tl.meta.nodes, tokens=int(tl.total_at("tokens", tl.t_end)), failures=failures)
+    return RunOutcome(nodes=tl.meta.nodes, tokens=int(tl.total_at("tokens", tl.t_end)), failures=failures)

@@ -5,9 +5,9 @@ received, updates rejected. Everything comes from the supervisor's handles (the 
 of each node); any field may be missing or null (a node that is down, an older node version) and
 shows as "-". Tokens/s is measured here from successive `tokens` readings of the same process.
 
-`Progress.notify` is the supervisor's `notify` callback: events (kills, restarts, warnings) are printed
-above the table, or as plain lines; `Progress.refresh` is its `on_poll` callback. Use it as a context
-manager around the run (`with Progress() as p:`) so the live table is started and stopped.
+`RunProgress.notify` is the supervisor's `notify` callback: events (kills, restarts, warnings) are printed
+above the table, or as plain lines; `RunProgress.refresh` is its `on_poll` callback. Use it as a context
+manager around the run (`with RunProgress() as p:`) so the live table is started and stopped.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["COLUMNS", "Progress", "node_cells"]
+__all__ = ["COLUMNS", "RunProgress", "node_cells"]
 
 COLUMNS = ("node", "state", "slot", "round", "loss", "bpb", "tok/s", "peers", "sent MB", "recv MB", "rej")
 """Column names; `bpb` is the last held-out bits per byte, `rej` the updates rejected, `node` carries
@@ -68,7 +68,7 @@ def node_cells(index: int, supervisor_state: str, inc: int, status: dict[str, An
     ]
 
 
-class Progress:
+class RunProgress:
     """Renders the handles of a `Supervisor` (anything with `.spec.index`, `.state`, `.inc`, `.status`).
 
     `mode`: `rich` (live table), `plain` (a block of lines every `plain_every` seconds), `quiet`
@@ -141,7 +141,7 @@ class Progress:
             for line in self.plain_lines(rows):
                 print(line, file=self.out, flush=True)
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> RunProgress:
         """Start the live table (rich mode); plain and quiet modes need nothing."""
         if self.mode == "rich":
             self._live = Live(console=self.console, auto_refresh=False, transient=False)

@@ -28,7 +28,7 @@ from testnet.horizon import Pace, horizon_steps, run_seconds
 from testnet.nodes import RunFlags, node_argv, node_env, prepare_nodes
 from testnet.options import Options, check_inputs
 from testnet.procs import GroupRegistry
-from testnet.progress import Progress
+from testnet.progress import RunProgress
 from testnet.record import Recorder, RunMeta, load_run
 from testnet.supervisor import ArgvBuilder, ChaosPartitioner, NetnsPartitioner, Supervisor
 from testnet.timeline import Timeline
@@ -63,7 +63,7 @@ def say(text: str) -> None:
 
 
 async def _supervise(specs: list, argv_for: ArgvBuilder, run_dir: Path, plan: FaultPlan, o: Options, meta: RunMeta, *,
-                     progress: Progress, registry: GroupRegistry, bootstrap: bool = True,
+                     progress: RunProgress, registry: GroupRegistry, bootstrap: bool = True,
                      network: WanNetwork | None = None, plan_from_ready: bool = False,
                      until_steps: int | None = None) -> None:
     """Run one supervised testnet; `run.json` (with `meta`'s launch and end times, and `interrupted`)
@@ -113,7 +113,7 @@ async def _solo(o: Options, run_dir: Path, argv_builder, registry: GroupRegistry
     meta = RunMeta(nodes=o.nodes, model=o.model, inner_steps=o.inner_steps, peer_ids=[s.peer_id for s in specs])
     # timed from the moment every node trains: on a loaded machine the start-up (JAX compiling in every
     # process at once) can take most of a window counted from the launch, and then no pace is measured
-    await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=Progress("quiet"),
+    await _supervise(specs, argv_builder(specs), solo_dir, plan, o, meta, progress=RunProgress("quiet"),
                      registry=registry, bootstrap=False, plan_from_ready=True)
     tl = Timeline(load_run(solo_dir))
     rates: dict[int, float] = {}
@@ -226,7 +226,7 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         stage.name = "nodes"
         # faults count from the moment every node trains, so that each lands inside the window the report
         # measures (a kill during the start-up would move that window and leave the kill out of it)
-        await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=Progress(o.progress),
+        await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=RunProgress(o.progress),
                          registry=registry, network=network, plan_from_ready=plan.has_faults, until_steps=o.steps)
     finally:
         if network is not None:

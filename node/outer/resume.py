@@ -60,7 +60,7 @@ _HASH_CHUNK = 4 << 20
 Arrays = dict[str, np.ndarray]
 
 
-class BlobStore(Protocol):
+class KeepingStore(Protocol):
     """What the ledger part needs of the node's blob store (`p2p.BlobStore`)."""
 
     def put(self, data: bytes | memoryview) -> str: ...
@@ -87,7 +87,7 @@ class LedgerPart:
 
 
 def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], rows: Iterable[Row],
-                       store: BlobStore, proofs: Mapping[bytes, UpdateProof] | None = None) -> LedgerPart:
+                       store: KeepingStore, proofs: Mapping[bytes, UpdateProof] | None = None) -> LedgerPart:
     """The ledger part of a checkpoint of `snap` (and the working state and bottom rows taken with it:
     `Replica.checkpoint_state`). A payload not in the blob store (held only in memory, an entry without one:
     its float32 deltas, as fp32, or mapped from a blob removed since) is put into `store` first. The part's
@@ -123,7 +123,7 @@ def encode_ledger_part(snap: LedgerSnapshot, working: tuple[Arrays, Arrays], row
     return LedgerPart(data, outer, frozenset(kept))
 
 
-def _stored(store: BlobStore, data: bytes | memoryview, name: str | None, kept: set[str]) -> str:
+def _stored(store: KeepingStore, data: bytes | memoryview, name: str | None, kept: set[str]) -> str:
     """The name of blob `data` (`name` if known), kept in `store` once (recorded in `kept`) and stored there
     (again, if it was removed since it was mapped)."""
     name = name or blob_hex(data)
@@ -208,7 +208,7 @@ def _outer_arrays(ckpt: Checkpoint, shapes: Mapping[str, tuple[int, ...]]) -> di
 
 
 def restore_ledger(ckpt: Checkpoint, config: LedgerConfig, shapes: Mapping[str, tuple[int, ...]],
-                   bottom: BottomStore, blobs: BlobStore) -> tuple[Ledger, LedgerSnapshot, list[tuple[int, str]]]:
+                   bottom: BottomStore, blobs: KeepingStore) -> tuple[Ledger, LedgerSnapshot, list[tuple[int, str]]]:
     """(the ledger, the snapshot it was built from, the (target slot, blob) pairs of the window's payloads in
     `blobs`), see the module docstring. Raises `CheckpointError` (a damaged ledger part, a payload blob missing
     or damaged), `RemoteProtocolError` / `LocalProtocolError` (a state that does not load under this config

@@ -16,14 +16,14 @@ from testnet.sim.bandwidth import (
 )
 from testnet.sim.config import SimConfig
 from testnet.sim.engine import GroupStats, SimResult, simulate
-from testnet.sim.faults import Fault, FaultPlan
+from testnet.sim.faults import Fault, SimPlan
 from testnet.sim.layout import Policy
 
 __all__ = [
     "BandwidthEstimate",
     "BandwidthSetting",
     "Fault",
-    "FaultPlan",
+    "SimPlan",
     "GroupStats",
     "MeasuredComparison",
     "Policy",

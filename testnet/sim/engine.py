@@ -17,8 +17,8 @@ import numpy as np
 
 from protocol.errors import LocalProtocolError
 from testnet.sim.config import SimConfig
-from testnet.sim.faults import Fault, FaultPlan
-from testnet.sim.group import Group, State
+from testnet.sim.faults import Fault, SimPlan
+from testnet.sim.group import Group, GroupState
 from testnet.sim.layout import DP, OURS, Policy, build_groups
 from testnet.sim.slots import SlotCloser
 
@@ -73,7 +73,7 @@ class SimResult:
 
 
 class _Sim:
-    def __init__(self, policy: Policy, chips: int, config: SimConfig, seed: int, faults: FaultPlan) -> None:
+    def __init__(self, policy: Policy, chips: int, config: SimConfig, seed: int, faults: SimPlan) -> None:
         self.policy, self.config, self.seed = policy, config, seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, chips, policy.learners, _KIND[policy.kind]]))
         layouts = build_groups(policy, chips, config, self.rng)
@@ -106,11 +106,11 @@ class _Sim:
         if g.in_service and g.active_chips > 0 and math.isfinite(self.config.mtbi_seconds):
             wait = self.rng.exponential(self.config.mtbi_seconds / g.active_chips)
             self.push(now + wait, _FAIL, g.gid, None, g.version)
-        if g.state is State.RUNNING and self.slots is not None:
+        if g.state is GroupState.RUNNING and self.slots is not None:
             self.push(now + g.seconds_to_round_end(self.config.inner_steps), _ROUND_END, g.gid, None, g.version)
-        elif g.state is State.PAUSED:
+        elif g.state is GroupState.PAUSED:
             self.push(g.resume_at, _RESUME, g.gid, None, g.version)
-        elif g.state is State.HOLD and self.slots is not None and math.isfinite(self.slots.wake_at(g.gid)):
+        elif g.state is GroupState.HOLD and self.slots is not None and math.isfinite(self.slots.wake_at(g.gid)):
             self.push(self.slots.wake_at(g.gid), _WAKE, g.gid, None, g.version)
 
     def pick_slice(self, g: Group) -> int:
@@ -139,7 +139,7 @@ class _Sim:
             elif kind == _RETURN:
                 g.slice_returned(t, data, cfg.resize_seconds)
             elif kind == _RESUME:
-                if g.resume() is State.HOLD:
+                if g.resume() is GroupState.HOLD:
                     self.slots.poll(g, t)
             elif kind == _ROUND_END:
                 g.round_done()
@@ -148,7 +148,7 @@ class _Sim:
             elif kind == _ARRIVAL:
                 for other in self.slots.arrival(gid, data):
                     h = self.groups[other]
-                    if h.state is State.HOLD:
+                    if h.state is GroupState.HOLD:
                         h.advance(t)
                         self.slots.poll(h, t)
                         self.reschedule(h, t)
@@ -175,7 +175,7 @@ class _Sim:
         self.went_down(g)
 
     def went_down(self, g: Group) -> None:
-        if self.slots is not None and g.state is State.DOWN:
+        if self.slots is not None and g.state is GroupState.DOWN:
             self.slots.restarted(g.gid)
 
     def result(self) -> SimResult:
@@ -203,9 +203,9 @@ _KIND = {"dp": 1, "elastic": 2, "ours": 3}
 
 
 def simulate(
-    policy: Policy, chips: int, config: SimConfig, *, seed: int = 0, faults: FaultPlan = FaultPlan()
+    policy: Policy, chips: int, config: SimConfig, *, seed: int = 0, faults: SimPlan = SimPlan()
 ) -> SimResult:
     """Run one cell: ``policy`` on ``chips`` chips for ``config.horizon_seconds``; pure in its arguments."""
     if chips < 1:
         raise LocalProtocolError(f"chips must be ≥ 1, got {chips}")
-    return _Sim(policy, int(chips), config, int(seed), FaultPlan(faults)).run()
+    return _Sim(policy, int(chips), config, int(seed), SimPlan(faults)).run()

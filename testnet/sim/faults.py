@@ -5,7 +5,7 @@ process, so tests can place one failure where its cost is computable by hand. A 
 a group not in service (paused or down) is absorbed, exactly like a random one would never have been
 drawn there, and counted as such.
 
-:func:`from_testnet_plan` reads the real testnet's plan (:class:`testnet.faults.FaultPlan`), so one
+:func:`from_testnet_plan` reads the real testnet's plan (:class:`testnet.faults.SimPlan`), so one
 plan drives both (STYLE.md #11): a kill of node ``n`` becomes a whole-group crash of learner ``n`` for
 the kill's downtime, a slow factor ``f`` becomes island speed ``1/f``. Partitions and misbehaving nodes
 have no counterpart here (the simulator's network is a fixed transfer time) and are refused.
@@ -21,7 +21,7 @@ from protocol.errors import LocalProtocolError
 if TYPE_CHECKING:
     from testnet.faults import FaultPlan as TestnetPlan
 
-__all__ = ["Fault", "FaultPlan", "from_testnet_plan"]
+__all__ = ["Fault", "SimPlan", "from_testnet_plan"]
 
 
 @dataclass(frozen=True, order=True)
@@ -42,25 +42,25 @@ class Fault:
             raise LocalProtocolError(f"invalid fault {self!r}")
 
 
-class FaultPlan(tuple):
-    """An ordered, immutable set of :class:`Fault` s. ``FaultPlan.fail_at(t, group, slice)`` builds one."""
+class SimPlan(tuple):
+    """An ordered, immutable set of :class:`Fault` s. ``SimPlan.fail_at(t, group, slice)`` builds one."""
 
-    def __new__(cls, faults: tuple[Fault, ...] | list[Fault] = ()) -> FaultPlan:
+    def __new__(cls, faults: tuple[Fault, ...] | list[Fault] = ()) -> SimPlan:
         return super().__new__(cls, sorted(faults))
 
     @classmethod
-    def fail_at(cls, time: float, group: int = 0, slice_index: int = 0) -> FaultPlan:
+    def fail_at(cls, time: float, group: int = 0, slice_index: int = 0) -> SimPlan:
         return cls([Fault(time, group, slice_index)])
 
-    def __add__(self, other: tuple) -> FaultPlan:  # type: ignore[override]
-        return FaultPlan(list(self) + list(other))
+    def __add__(self, other: tuple) -> SimPlan:  # type: ignore[override]
+        return SimPlan(list(self) + list(other))
 
 
-def from_testnet_plan(plan: TestnetPlan) -> tuple[FaultPlan, tuple[float, ...]]:
+def from_testnet_plan(plan: TestnetPlan) -> tuple[SimPlan, tuple[float, ...]]:
     """The simulator's faults and ``island_speeds`` for a testnet plan of ``plan.nodes`` nodes (run it
     with ``Policy("ours", plan.nodes)`` and ``mtbi_seconds=inf`` to replay exactly that plan)."""
     if plan.partitions or plan.misbehave:
         raise LocalProtocolError("the simulator has no network model for partitions or misbehaving nodes")
-    faults = FaultPlan([Fault(k.at, k.node, downtime=k.downtime, whole_group=True) for k in plan.kills])
+    faults = SimPlan([Fault(k.at, k.node, downtime=k.downtime, whole_group=True) for k in plan.kills])
     speeds = tuple(1.0 / plan.slow_factor(n) for n in range(plan.nodes)) if plan.slow else ()
     return faults, speeds

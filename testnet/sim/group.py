@@ -35,17 +35,17 @@ import numpy as np
 from protocol.errors import LocalProtocolError
 from testnet.sim.layout import GroupLayout
 
-__all__ = ["Group", "State"]
+__all__ = ["Group", "GroupState"]
 
 
-class State(enum.Enum):
+class GroupState(enum.Enum):
     RUNNING = "running"
     HOLD = "hold"
     PAUSED = "paused"
     DOWN = "down"
 
 
-IN_SERVICE = (State.RUNNING, State.HOLD)
+IN_SERVICE = (GroupState.RUNNING, GroupState.HOLD)
 
 
 class Group:
@@ -62,8 +62,8 @@ class Group:
         self.elastic = elastic
         self.step_seconds = step_seconds
         self.rounds = rounds  # ours: progress is banked per published round, not per step
-        self.state = State.RUNNING
-        self.after_pause = State.RUNNING
+        self.state = GroupState.RUNNING
+        self.after_pause = GroupState.RUNNING
         self.resume_at = 0.0
         self.version = 0
         self.since = 0.0
@@ -108,7 +108,7 @@ class Group:
         if dt == 0:
             return
         self.out += (self.total_chips - self.active_chips) * dt
-        if self.state is State.RUNNING:
+        if self.state is GroupState.RUNNING:
             gained = self.useful_rate * dt
             if self.rounds:
                 self.pending += gained
@@ -117,7 +117,7 @@ class Group:
             self.straggle += (self.active_chips - self.useful_rate) * dt
             self.progress += dt / self.step_duration
             self.round_run_seconds += dt
-        elif self.state is State.HOLD:
+        elif self.state is GroupState.HOLD:
             self.hold += self.active_chips * dt
             self.round_hold_seconds += dt
         else:
@@ -125,7 +125,7 @@ class Group:
 
     def _lose_in_flight(self) -> None:
         """The step running when a failure hits is lost (its all-reduce never completed)."""
-        if self.state is not State.RUNNING:
+        if self.state is not GroupState.RUNNING:
             return
         partial = self.progress - math.floor(self.progress + 1e-9)
         if partial <= 0:
@@ -172,47 +172,47 @@ class Group:
             self.pending = 0.0
             self.progress = 0.0
             self.round_run_seconds = 0.0
-        self.after_pause = State.RUNNING
-        self.state = State.DOWN
+        self.after_pause = GroupState.RUNNING
+        self.state = GroupState.DOWN
 
     def slice_returned(self, now: float, slice_index: int, resize_seconds: float) -> None:
         """The failed slice is back in service."""
         self.active[slice_index] = True
         self._repace()
-        if self.state is State.PAUSED:
+        if self.state is GroupState.PAUSED:
             return  # joins the resize under way
-        if self.state is State.DOWN:
+        if self.state is GroupState.DOWN:
             if self.elastic or self.active.all():
                 self._pause(now, resize_seconds, self.after_pause)  # restart
             return
         self._pause(now, resize_seconds, self.state)  # scale back up; the in-flight step is kept
 
-    def resume(self) -> State:
+    def resume(self) -> GroupState:
         """``resume_at`` has passed: back to the state the pause interrupted."""
-        if self.state is not State.PAUSED:
+        if self.state is not GroupState.PAUSED:
             raise LocalProtocolError(f"group {self.gid}: resume while {self.state.value}")
         self.state = self.after_pause
         return self.state
 
     def round_done(self) -> None:
         """H steps done (ours): bank the round (it is published) and hold for the slot to close."""
-        if self.state is not State.RUNNING:
+        if self.state is not GroupState.RUNNING:
             raise LocalProtocolError(f"group {self.gid}: round end while {self.state.value}")
         self.useful += self.pending
         self.pending = 0.0
         self.round_hold_seconds = 0.0
-        self.state = State.HOLD
+        self.state = GroupState.HOLD
 
     def start_round(self) -> None:
         """The slot closed and the outer step was applied: start the next round."""
-        if self.state is not State.HOLD:
+        if self.state is not GroupState.HOLD:
             raise LocalProtocolError(f"group {self.gid}: start_round while {self.state.value}")
         self.progress = 0.0
         self.round_run_seconds = 0.0
-        self.state = State.RUNNING
+        self.state = GroupState.RUNNING
 
-    def _pause(self, now: float, seconds: float, then: State) -> None:
+    def _pause(self, now: float, seconds: float, then: GroupState) -> None:
         self.resizes += 1
-        self.state = State.PAUSED
+        self.state = GroupState.PAUSED
         self.after_pause = then
         self.resume_at = now + seconds

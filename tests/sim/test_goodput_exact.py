@@ -2,7 +2,7 @@
 
 import pytest
 
-from testnet.sim import Fault, FaultPlan, Policy, SimConfig, simulate
+from testnet.sim import Fault, SimPlan, Policy, SimConfig, simulate
 
 POLICIES = [Policy("dp"), Policy("elastic"), Policy("ours", 1), Policy("ours", 2), Policy("ours", 4)]
 
@@ -31,7 +31,7 @@ def test_no_failures_with_the_node_hold_costs_one_step_per_round():
 
 def test_one_failure_data_parallel():
     # Fails at 100.5 s: the half-done step is lost, everything stalls 50 s (return) + 10 s (restart).
-    r = simulate(Policy("dp"), 1024, BASE, faults=FaultPlan.fail_at(100.5, 0, 1))
+    r = simulate(Policy("dp"), 1024, BASE, faults=SimPlan.fail_at(100.5, 0, 1))
     assert r.goodput == pytest.approx(1 - (0.5 + 50 + 10) / 1000, abs=1e-12)
     assert r.failures == 1
 
@@ -39,7 +39,7 @@ def test_one_failure_data_parallel():
 def test_one_failure_elastic():
     # Lost half step on all 1024 chips, 10 s scale-down pause, slice of 256 out until 150.5 s,
     # 10 s scale-up pause.
-    r = simulate(Policy("elastic"), 1024, BASE, faults=FaultPlan.fail_at(100.5, 0, 1))
+    r = simulate(Policy("elastic"), 1024, BASE, faults=SimPlan.fail_at(100.5, 0, 1))
     wasted = 1024 * (0.5 + 10 + 10) + 256 * (150.5 - 110.5)
     assert r.goodput == pytest.approx(1 - wasted / (1024 * 1000), abs=1e-12)
     g = r.groups[0]  # the same waste, by cause: in-flight step, pauses (768 then 1024 chips), slice out
@@ -49,7 +49,7 @@ def test_one_failure_elastic():
 def test_one_failure_ours_elastic_learner():
     # Learner 0 (512 chips) loses half a step, pauses 10 s, trains on 256 chips until the slice is back,
     # pauses 10 s again; learner 1 never notices.
-    r = simulate(Policy("ours", 2), 1024, BASE, faults=FaultPlan.fail_at(100.5, 0, 0))
+    r = simulate(Policy("ours", 2), 1024, BASE, faults=SimPlan.fail_at(100.5, 0, 0))
     useful0 = 512 * 100 + 256 * 40 + 512 * (1000 - 160.5)
     assert r.goodput == pytest.approx((useful0 + 512 * 1000) / (1024 * 1000), abs=1e-12)
     assert r.groups[1].useful == pytest.approx(512 * 1000)
@@ -59,14 +59,14 @@ def test_one_failure_ours_non_elastic_learner_loses_its_round():
     # The round started at 100 s (rounds of 10 steps, no hold); the crash at 105.5 s loses all 5.5 steps,
     # the learner is down 50 s, restarts in 10 s and begins a fresh round at 165.5 s.
     cfg = BASE.replace(learner_elastic=False)
-    r = simulate(Policy("ours", 2), 1024, cfg, faults=FaultPlan.fail_at(105.5, 0, 0))
+    r = simulate(Policy("ours", 2), 1024, cfg, faults=SimPlan.fail_at(105.5, 0, 0))
     useful0 = 512 * (100 + (1000 - 165.5))
     assert r.goodput == pytest.approx((useful0 + 512 * 1000) / (1024 * 1000), abs=1e-12)
     assert r.groups[0].lost == pytest.approx(512 * 5.5)
 
 
 def test_fault_on_a_stalled_group_is_absorbed():
-    plan = FaultPlan.fail_at(100.5, 0, 1) + FaultPlan.fail_at(120.0, 0, 2)  # second one lands in the stall
+    plan = SimPlan.fail_at(100.5, 0, 1) + SimPlan.fail_at(120.0, 0, 2)  # second one lands in the stall
     r = simulate(Policy("dp"), 1024, BASE, faults=plan)
     assert r.goodput == pytest.approx(1 - 60.5 / 1000, abs=1e-12)
     assert (r.failures, r.groups[0].absorbed) == (1, 1)
@@ -76,13 +76,13 @@ def test_fault_outside_the_layout_is_refused():
     from protocol.errors import LocalProtocolError
 
     with pytest.raises(LocalProtocolError):
-        simulate(Policy("ours", 2), 1024, BASE, faults=FaultPlan.fail_at(1.0, 2, 0))
+        simulate(Policy("ours", 2), 1024, BASE, faults=SimPlan.fail_at(1.0, 2, 0))
 
 
 def test_killed_learner_loses_its_round_and_is_down_for_the_kill():
     # Learner 0 is killed at 105.5 s for 30 s: its 5.5-step round is lost, it restarts (10 s) at 135.5 s
     # and trains again from 145.5 s; learner 1 never notices.
-    plan = FaultPlan([Fault(105.5, 0, downtime=30.0, whole_group=True)])
+    plan = SimPlan([Fault(105.5, 0, downtime=30.0, whole_group=True)])
     r = simulate(Policy("ours", 2), 1024, BASE, faults=plan)
     assert r.goodput == pytest.approx((512 * (100 + 1000 - 145.5) + 512 * 1000) / (1024 * 1000), abs=1e-12)
     assert r.groups[0].lost == pytest.approx(512 * 5.5)

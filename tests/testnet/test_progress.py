@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
-from testnet.progress import COLUMNS, Progress, node_cells
+from testnet.progress import COLUMNS, RunProgress, node_cells
 
 
 @dataclass
@@ -46,7 +46,7 @@ def test_missing_null_and_wrong_types_show_as_dash() -> None:
 
 def test_tokens_per_second_from_successive_readings() -> None:
     now = [0.0]
-    progress = Progress("quiet", out=io.StringIO(), clock=lambda: now[0])
+    progress = RunProgress("quiet", out=io.StringIO(), clock=lambda: now[0])
     h = Handle(Spec(0), status={"tokens": 1000})
     assert progress.rows([h])[0][6] == "-"
     now[0], h.status = 2.0, {"tokens": 5000}
@@ -63,7 +63,7 @@ def test_tokens_per_second_from_successive_readings() -> None:
 
 def test_plain_mode_prints_periodically_and_events_immediately() -> None:
     out, now = io.StringIO(), [0.0]
-    progress = Progress("plain", out=out, plain_every=10, clock=lambda: now[0])
+    progress = RunProgress("plain", out=out, plain_every=10, clock=lambda: now[0])
     handles = [Handle(Spec(0), status=FULL), Handle(Spec(1), state="down", status=None)]
     with progress:
         progress.refresh(handles)
@@ -80,7 +80,7 @@ def test_plain_mode_prints_periodically_and_events_immediately() -> None:
 
 def test_rich_table_renders() -> None:
     out = io.StringIO()
-    progress = Progress("rich", out=out, width=80)  # a plain 80-column terminal: nothing may be cut
+    progress = RunProgress("rich", out=out, width=80)  # a plain 80-column terminal: nothing may be cut
     big = FULL | {"slot": 12345, "round": 9999, "bytes_sent": 12_345_678_901, "bytes_received": 9_999_999_999}
     handles = [Handle(Spec(0), status=big, inc=3), Handle(Spec(1), status=None, state="starting")]
     progress.console.print(progress.table(progress.rows(handles)))
