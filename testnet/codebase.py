@@ -1,6 +1,7 @@
 """The codebase's structural rules, checked: `python -m testnet.codebase` (exit 1 when one is broken).
 
-- **No module over `MAX_LINES` lines** (500) in the packages (`PACKAGES`).
+- **No module over `MAX_LINES` lines** (500) in the packages (`PACKAGES`); the few that were longer when the
+  rule came (`KNOWN_LONG`) may not grow.
 - **No two classes of one name** in different modules of the packages: a reader who sees `Outcome` knows which
   one it is. (Private classes, `_Name`, are the module's own business and are left out.)
 - **No import cycles** between the packages' modules, counting only imports at module level (an import inside
@@ -21,9 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_LINES", "PACKAGES", "Finding", "check", "main"]
+__all__ = ["KNOWN_LONG", "MAX_LINES", "PACKAGES", "Finding", "check", "main"]
 
 MAX_LINES = 500
+# modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50): the two
+# sans-IO state machines and the node's wiring
+KNOWN_LONG = {"protocol/gossip/router.py": 535, "protocol/ledger/ledger.py": 543, "node/runtime.py": 502}
 PACKAGES = ("protocol", "p2p", "node", "diloco", "testnet")
 ALLOWED = {"protocol": set(), "p2p": {"protocol"}, "node": {"protocol", "p2p"},
            "diloco": {"protocol", "p2p", "node"}, "testnet": {"protocol", "p2p", "node", "diloco"}}
@@ -121,7 +125,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def check(root: Path) -> list[Finding]:
+def check(root: Path, known_long: dict[str, int] | None = None) -> list[Finding]:
+    """Every broken rule under `root` (a checkout: `root/protocol`, `root/p2p`, ...)."""
+    known_long = KNOWN_LONG if known_long is None else known_long
     findings: list[Finding] = []
     classes: dict[str, list[str]] = defaultdict(list)
     graph: dict[str, set[str]] = {}
@@ -129,8 +135,10 @@ def check(root: Path) -> list[Finding]:
     for module, path in modules.items():
         text = path.read_text()
         lines = text.count("\n")
-        if lines > MAX_LINES:
-            findings.append(Finding("module over 500 lines", str(path.relative_to(root)), f"{lines} lines"))
+        relative = path.relative_to(root).as_posix()
+        if lines > known_long.get(relative, MAX_LINES):
+            limit = known_long.get(relative, MAX_LINES)
+            findings.append(Finding(f"module over {limit} lines", relative, f"{lines} lines"))
         tree = ast.parse(text, str(path))
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
@@ -158,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     for finding in findings:
         print(finding)
     print(f"{len(findings)} finding(s) in {', '.join(PACKAGES)}" if findings else
-          f"ok: no module over {MAX_LINES} lines, no class name used twice, no import cycle, layers one way")
+          f"ok: no module over {MAX_LINES} lines (but {len(KNOWN_LONG)} known, not growing: "
+          f"{', '.join(KNOWN_LONG)}), no class name used twice, no import cycle, layers one way")
     return 1 if findings else 0
 
 
