@@ -31,8 +31,9 @@ def test_three_hosts_over_delayed_links_train_and_agree(hosts, cluster) -> None:
         assert node.wait_exit(30.0) == 0, node.log_tail()
     assert len(set(lines)) == 1, "\n".join(lines)
     for joiner in joiners:
-        assert re.search(f"update [0-9a-f]+ from {joiner.peer_id} .*: applied", a.log_path.read_text()), \
-            joiner.peer_id
+        # counted at a: applied in its slot, folded in late, or held until a reached its slot
+        assert re.search(f"update [0-9a-f]+ from {joiner.peer_id} .*: (applied|folded-late|held-future)",
+                         a.log_path.read_text()), joiner.peer_id
     stats = net.link_stats()
     if stats:  # the delay line carried the run (with netem there is a bridge and no counts)
         for i in range(3):
