@@ -19,9 +19,12 @@ loaded ledger's digests must equal the manifest's (`bad_state` if not, and the n
 tried). A node whose own state is as fresh keeps it.
 
 A state is then vetted (`vet`, the runtime's: its model against the node's own on its held-out batches):
-a state refused there is not taken, and the peers that served it are not asked again during this join
-(`SyncResult.refused`). Its weight and its slot are the donors' word, its parameters only hash to what they
-signed, so a peer could otherwise hand a joiner garbage parameters with the freshest claim.
+a state refused there is not taken, and the peers that served it are not asked again during this join for a
+state of that slot or older (`SyncResult.refused`): a fresher one is vetted again, since an honest run's early
+state can be worse than a fresh model (one outer step of a node alone can overshoot) and its next slots are
+not. So a forging peer costs at most one download per slot the run advances. Its weight and its slot are the
+donors' word, its parameters only hash to what they signed, so a peer could otherwise hand a joiner garbage
+parameters with the freshest claim.
 
 A node given bootstrap peers never starts a run of its own: while no peer is connected (a wrong or not
 yet started `--peers` address) it keeps waiting, its dials retried with backoff and each failure logged
@@ -190,7 +193,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
     started = trio.current_time()
     deadline = math.inf if timeout_s is None else started + timeout_s
     unconfirmed_tries = empty_asks = 0
-    refused: set[str] = set()
+    refused: dict[str, int] = {}  # peer -> the newest slot of a state of it the vet refused
     try:
         with trio.move_on_at(deadline):  # a download in flight at the deadline is cut short too
             async with host.http_client(httpx.Timeout(30.0, connect=5.0)) as client:
@@ -204,7 +207,7 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                     if empty_asks >= 3 and own is not None:
                         log.warning("every peer is syncing too: starting from our own state (slot %d)", own[0])
                         return None
-                    choices = choose([m for m in manifests if m.origin not in refused], bootstrap())
+                    choices = choose([m for m in manifests if m.slot > refused.get(m.origin, -1)], bootstrap())
                     if choices and (choices[0].confirmed or unconfirmed_tries >= 2 or len(host.connected_peers()) < 2):
                         best = choices[0]
                         if own is not None and (best.manifest.slot < own[0] or
@@ -235,7 +238,8 @@ async def sync_state(host: Host, run_id: str, config: LedgerConfig, shapes: Mapp
                                             choice.confirmed_by, exc)
                                 continue
                             if vet is not None and not await vet(choice, loaded.ledger):
-                                refused.update(choice.confirmed_by)
+                                for peer in choice.confirmed_by:
+                                    refused[peer] = max(refused.get(peer, -1), choice.manifest.slot)
                                 continue
                             log.info("synced state of slot %d (ledger %s) confirmed by %d peer(s)", choice.manifest.slot,
                                      choice.manifest.ledger_digest.hex()[:16], len(choice.confirmed_by))
