@@ -67,7 +67,8 @@ async def test_honest_and_misbehaving_nodes_in_one_process_agree(tmp_path: Path,
                 status = (await client.get(f"{a.host.http_url}/status")).json()
                 metrics = (await client.get(f"{a.host.http_url}/metrics")).text
             assert CONTRACT_FIELDS <= set(status)
-            assert status["state"] == "training" and status["peer_id"] == a.peer_id and len(status["peers"]) == 3
+            # the honest peer is listed; the misbehaving ones may have been disconnected (banned) since the wait
+            assert status["state"] == "training" and status["peer_id"] == a.peer_id and others[0].peer_id in status["peers"]
             assert len(status["ledger_digest"]) == 64 and len(status["params_digest"]) == 64
             assert status["inner_steps"] >= 10 and status["tokens"] == status["inner_steps"] * 8 * 32
             assert status["run_id"] == "inproc" and status["inner_lr"] == 1e-2
