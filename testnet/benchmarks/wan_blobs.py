@@ -9,6 +9,12 @@ measures the link and not TLS's CPU, `--tls` for TLS 1.3 as between nodes), the 
 from one holder, and in 4 ranges from both (what a node now does for a blob of at least
 `HostConfig.range_fetch_bytes`). Prints goodput ÷ the link rate for each, per round trip; the
 ratio is the figure (1 would be the whole shaped rate as blob bytes; TCP/IP headers take ~3%). Needs root.
+
+Beside it, `cold_tcp_seconds`: the least time any fetch over fresh TCP connections could take, a model and
+not a measurement. Each connection costs round trips before its first body byte (handshake, TLS, request),
+then starts at the initial window (10 segments) and doubles it each round trip until the windows together
+hold the path's bandwidth × delay. At 80 ms and 1 Gbit/s that start-up moves ~15 MB in ~0.8 s, so a
+100 MiB blob cannot pass ~0.55 of the rate on cold connections, however many streams; a 1 GiB blob can.
 """
 
 from __future__ import annotations
@@ -81,6 +87,21 @@ trio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4
 """
 
 MODES = ("one_stream", "ranges_one_holder", "ranges_two_holders")
+SEGMENT = 1448  # TCP payload bytes per segment at a 1500-byte MTU
+INITIAL_WINDOW = 10 * SEGMENT  # RFC 6928
+
+
+def cold_tcp_seconds(size: int, rate_bps: float, rtt: float, streams: int, tls: bool) -> float:
+    """The least time `streams` fresh TCP connections need to move `size` bytes at `rate_bps` over `rtt`
+    (module docstring): setup round trips, then slow start until the windows fill the path, then the rate."""
+    seconds = rtt * (3 if tls else 2)  # SYN/SYN-ACK, the TLS 1.3 handshake, the request to the first bytes
+    window, sent = streams * INITIAL_WINDOW, 0
+    while sent < size and window * 8 < rate_bps * rtt:
+        step = min(window, size - sent)
+        sent += step
+        seconds += rtt if sent < size else step * 8 / rate_bps
+        window *= 2
+    return seconds + (size - sent) * 8 / rate_bps
 
 
 def measure(spec: LinkSpec, qdisc: str, mib: int, repeats: int, workdir: Path,
@@ -142,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             row[mode] = {"seconds": times[mode], "goodput_mbit": bits / best / 1e6, "goodput_over_rate": ratio}
             print(f"  {mode:<20} {statistics.median(times[mode]):7.2f} s (best {best:.2f}) "
                   f"{bits / best / 1e6:8.1f} Mbit/s  goodput / rate {ratio:.3f}")
+        bound = bits / cold_tcp_seconds(a.mib << 20, spec.rate_mbit * 1e6, rtt / 1000, a.streams, a.tls)
+        row["cold_tcp_bound_over_rate"] = bound / (spec.rate_mbit * 1e6)
+        print(f"  {'cold-TCP bound':<20} goodput / rate {row['cold_tcp_bound_over_rate']:.3f} "
+              f"(a model: {a.streams} fresh connections' slow start, no loss)")
         results.append(row)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))

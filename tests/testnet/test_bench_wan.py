@@ -48,3 +48,16 @@ def test_a_target_the_baseline_never_reached_says_so() -> None:
           "link_bytes_sent": {"n0": 1, "n1": 1}}
     f = figures(_report(), baseline, dp, step_s=0.1, rate_mbit=1.0, one_way_ms=40.0, kappa=80.0)
     assert f["dp_steps_to_target"] is None and f["speedup_time_to_target"] is None
+
+
+def test_the_cold_tcp_bound_is_slow_start_then_the_rate() -> None:
+    from testnet.benchmarks.wan_blobs import INITIAL_WINDOW, cold_tcp_seconds
+
+    # a path whose bandwidth × delay fits in the first windows: the setup round trips, then the rate
+    assert cold_tcp_seconds(10 << 20, 1e9, 1e-4, 4, tls=False) == pytest.approx(2e-4 + (10 << 20) * 8 / 1e9)
+    # one window's worth: setup, then its bytes at the rate, no round trip waited for
+    assert cold_tcp_seconds(INITIAL_WINDOW, 1e9, 0.08, 1, tls=True) == pytest.approx(0.24 + INITIAL_WINDOW * 8 / 1e9)
+    # 100 MiB at 1 Gbit/s and 80 ms: slow start holds it near half the rate; 1 GiB comes near the rate
+    ratio = {mib: (mib << 20) * 8 / 1e9 / cold_tcp_seconds(mib << 20, 1e9, 0.08, 4, tls=False) for mib in (100, 1024)}
+    assert 0.5 < ratio[100] < 0.6 and 0.9 < ratio[1024] < 0.95
+    assert cold_tcp_seconds(100 << 20, 1e9, 0.08, 16, tls=False) < cold_tcp_seconds(100 << 20, 1e9, 0.08, 4, tls=False)
