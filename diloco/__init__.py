@@ -28,9 +28,10 @@ from typing import Any
 from diloco.running import RunningNode, start
 from node.island.task import IterableBatches, Model, Task, TaskDataError, TaskError, default_optimizer
 from node.settings import NodeSettings
+from protocol.ledger.rules import OuterRule, register_rule
 
-__all__ = ["IterableBatches", "Model", "NodeSettings", "RunningNode", "Task", "TaskDataError", "TaskError",
-           "default_optimizer", "load", "run", "start"]
+__all__ = ["IterableBatches", "Model", "NodeSettings", "OuterRule", "RunningNode", "Task", "TaskDataError",
+           "TaskError", "default_optimizer", "load", "register_rule", "run", "start"]
 
 
 def run(task: Task, argv: Sequence[str] | None = None, *,

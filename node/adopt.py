@@ -61,7 +61,8 @@ log = logging.getLogger("node.adopt")
 _BY_FLAG = {"run.seed": ("seed", "--seed"), "run.inner_steps": ("inner_steps", "--inner-steps"),
             "run.compression": ("compression", "--compression"), "outer.window": ("window", "--window"),
             "outer.lr": ("outer_lr", "--outer-lr"), "outer.momentum": ("outer_momentum", "--outer-momentum"),
-            "outer.norm_clip": ("norm_clip", "--norm-clip"), "outer.end_slot": ("max_rounds", "--max-rounds")}
+            "outer.norm_clip": ("norm_clip", "--norm-clip"), "outer.end_slot": ("max_rounds", "--max-rounds"),
+            "outer.outer_rule": ("outer_rule", "--outer-rule")}
 _DERIVED = {"inner.init_seed", "data.data_seed"}  # follow run.seed
 # what every model declares (`Model.run_fields`: its name, size and hashes of what it is, node.island.fingerprint):
 # for the CLI's model they follow from --model/--set, compared once those are adopted

@@ -49,7 +49,7 @@ HTTP plane; in a closed run an outsider gets only GET /health, and members' cert
 --insecure turns TLS off on both planes (benchmarks and tests on a trusted network).
 
 Run-wide settings (every node of a run must agree; a joiner with --peers takes them from the run): --model,
---set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --norm-clip,
+--set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --outer-rule, --norm-clip,
 --max-rounds (the run's last slot), --closed/--membership. All flags can come from a TOML file: --config node.toml.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
@@ -174,6 +174,10 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "the others in later, and a higher momentum carries each partial step: 3-node runs "
                             "of the demo and of a user's transformer measured 1.01 x data-parallel at 0.6, "
                             "1.03-1.23 at 0.8; BENCHMARKS.md, issue 44)")
+    train.add_argument("--outer-rule", default="nesterov", metavar="NAME",
+                       help="the outer optimizer every node applies at each slot (default %(default)s: SGD with "
+                            "Nesterov momentum, --outer-lr and --outer-momentum); Python code registers others "
+                            "with protocol.ledger.rules.register_rule before it runs the node (docs/library.md)")
     train.add_argument("--norm-clip", type=float, default=1.0, metavar="K",
                        help="bound on any one update's influence: per tensor, updates larger than K x the slot's "
                             "median norm enter with that norm; 0 turns the bound off (default %(default)s; "
@@ -280,7 +284,7 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         compression=args.compression, eval_every=args.eval_every, eval_batches=args.eval_batches,
         fork_tolerance=args.fork_tolerance, seed=args.seed,
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
+        outer_momentum=args.outer_momentum, outer_rule=args.outer_rule, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
         allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership, metrics_file=args.metrics_file)
 

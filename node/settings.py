@@ -24,6 +24,7 @@ from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
 from protocol.compression import Codec
 from protocol.ledger import LedgerConfig
+from protocol.ledger.rules import rule_names
 from protocol.messages import split_addr
 from protocol.runconfig import encode_config
 
@@ -72,6 +73,7 @@ class NodeSettings:
     quorum: int = 1
     outer_lr: float = 0.7
     outer_momentum: float = 0.6
+    outer_rule: str = "nesterov"  # protocol.ledger.rules: the outer optimizer, by its registered name
     norm_clip: float = 1.0  # protocol.ledger.bound: k of the per-tensor norm bound (0: off)
     heartbeat_s: float = 1.0
     sync_timeout_s: float | None = None  # None: with peers, wait for their state until stopped
@@ -122,6 +124,8 @@ class NodeSettings:
             _fail(f"--outer-lr must be > 0, got {self.outer_lr}")
         if not 0.0 <= self.outer_momentum < 1.0:
             _fail(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if self.outer_rule not in rule_names():
+            _fail(f"--outer-rule {self.outer_rule!r} is not a registered outer rule (registered: {rule_names()})")
         if not (self.norm_clip == 0.0 or 1.0 <= self.norm_clip < float("inf")):
             _fail(f"--norm-clip must be 0 (off) or a finite number >= 1, got {self.norm_clip}")
         if not self.slowdown >= 1.0:
@@ -175,7 +179,7 @@ class NodeSettings:
 def ledger_config(settings: NodeSettings, task: Task) -> LedgerConfig:
     """The outer optimizer's settings (`protocol.ledger.LedgerConfig`) for this node's flags and model."""
     return LedgerConfig(
-        window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum,
+        window=settings.window, lr=settings.outer_lr, momentum=settings.outer_momentum, outer_rule=settings.outer_rule,
         embeddings=task.model.embeddings, norm_clip=settings.norm_clip,
         # what one update may claim: a full round of this run's batches (protocol.ledger.bound)
         tokens_per_step=task.tokens_per_batch, max_inner_steps=settings.inner_steps,

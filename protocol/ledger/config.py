@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.errors import LocalProtocolError
+from protocol.ledger.rules import DEFAULT_RULE, check_rule_name
 
 __all__ = ["Aggregation", "LedgerConfig", "Outcome", "StalePolicy", "UpdateMeta", "Weighting"]
 
@@ -85,6 +86,8 @@ class LedgerConfig:
 
     window: W, number of closed slots a late update can still be folded into.
     lr, momentum: outer Nesterov SGD (DiLoCo: 0.7, 0.9). ``lr_schedule(slot)``, when given, is η_slot.
+    outer_rule: the outer optimizer's registered name (:mod:`protocol.ledger.rules`; default ``nesterov``,
+    which reads ``momentum``; a rule may read any of these settings).
     staleness_alpha: α in the staleness factor ``(1 + staleness)^-α``; 0 disables it.
     weighting, aggregation: see the enums. embeddings: tensor names aggregated with the plain mean.
     stale_policy: fate of updates older than the window.
@@ -122,6 +125,7 @@ class LedgerConfig:
     max_inner_steps: int | None = None
     max_updates_per_origin: int | None = 2
     end_slot: int | None = None
+    outer_rule: str = DEFAULT_RULE
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 0:
@@ -130,6 +134,7 @@ class LedgerConfig:
             raise LocalProtocolError(f"lr must be finite and ≥ 0, got {self.lr!r}")
         if not (0.0 <= self.momentum < 1.0):
             raise LocalProtocolError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        check_rule_name(self.outer_rule)
         if not (math.isfinite(self.staleness_alpha) and self.staleness_alpha >= 0.0):
             raise LocalProtocolError(f"staleness_alpha must be finite and ≥ 0, got {self.staleness_alpha!r}")
         if not isinstance(self.max_future_slots, int) or self.max_future_slots < 0:
@@ -186,7 +191,10 @@ class LedgerConfig:
             raise LocalProtocolError(f"not a ledger config fingerprint: {exc}") from None
 
     def fingerprint(self) -> dict[str, object]:
-        """The settings a snapshot must agree on (plain msgpack-able values)."""
+        """The settings a snapshot must agree on (plain msgpack-able values). ``outer_rule`` is there only
+        when it is not the default, so a run of Nesterov has the fingerprint it had before rules were a
+        setting."""
+        rule = {} if self.outer_rule == DEFAULT_RULE else {"outer_rule": self.outer_rule}
         return {
             "window": self.window,
             "lr": self.lr,
@@ -205,4 +213,5 @@ class LedgerConfig:
             "max_inner_steps": self.max_inner_steps,
             "max_updates_per_origin": self.max_updates_per_origin,
             "end_slot": self.end_slot,
+            **rule,
         }

@@ -7,7 +7,8 @@ Slots. Slot 0 is the initial state. A replica that has *closed* ``n`` slots hold
 * ``r > n+1``: held (``HELD_FUTURE``) until slot ``r`` opens here;
 * ``r = n+1``: added to the open slot (``APPLIED_OPEN``);
 * ``n−W < r ≤ n`` (the window): added to closed slot ``r``; the change ``δ`` of its aggregate is folded
-  into ``θ_n, v_n`` in closed form (``FOLDED_LATE``, see :mod:`protocol.ledger.outer`);
+  into ``θ_n, v_n`` in closed form (``FOLDED_LATE``, see :mod:`protocol.ledger.outer`), or the window is
+  replayed from its bottom under an outer rule that has no closed form (:mod:`protocol.ledger.rules`);
 * ``r ≤ n−W``: applied at the open slot with staleness ``n − base_slot`` (``APPLIED_STALE``) or dropped
   (``DROPPED_STALE``), by ``config.stale_policy``;
 * an id seen before: ignored (``DUPLICATE``).
@@ -67,14 +68,14 @@ import numpy as np
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger import digest as dg
-from protocol.ledger.aggregate import SlotEntry, uses_radial
+from protocol.ledger.aggregate import SlotEntry
 from protocol.ledger.bottom import WindowBottom
 from protocol.ledger.bound import check_claim, counted, surplus
-from protocol.ledger.chunks import flat
 from protocol.ledger.entry import make_entry
 from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals, weigh
-from protocol.ledger.outer import fold_change, fold_coefficients, mean_step, nesterov_step
+from protocol.ledger.outer import fold_change, step_slots
+from protocol.ledger.rules import outer_rule
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
@@ -116,6 +117,7 @@ class Ledger:
         if not params:
             raise LocalProtocolError("params must name at least one tensor")
         self.config = config
+        self._rule = outer_rule(config)
         self._shapes: dict[str, tuple[int, ...]] = {n: tuple(np.shape(params[n])) for n in sorted(params)}
         if momentum is None:
             momentum = {n: np.zeros((), dtype=STATE_DTYPE) for n in self._shapes}  # broadcast: no model-sized zeros
@@ -312,7 +314,11 @@ class Ledger:
         ]:  # it does not count and takes nobody's place: every coefficient stays (the bound reads only these)
             slot.add(entry)
             return Outcome.FOLDED_LATE
-        v_coef, theta_coef = fold_coefficients(entry.slot, n, self.config.eta, self.config.momentum)
+        if not self._rule.linear:  # no closed form: replay the window from its bottom with the new set
+            slot.add(entry)
+            self.resync()
+            return Outcome.FOLDED_LATE
+        v_coef, theta_coef = self._rule.fold_coefficients(entry.slot, n, self.config.eta)
 
         def fold(name: str) -> None:
             u, change = slot.fold(name, entry, now)
@@ -461,6 +467,7 @@ class Ledger:
             working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         self = cls.__new__(cls)
         self.config = config
+        self._rule = outer_rule(config)
         self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
         entries = [self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0] for e in snap.entries]
         self._restore(
@@ -487,33 +494,18 @@ class Ledger:
         return make_entry(meta, slot, deltas, payload, self._shapes, update_weight(meta, slot, self.config))
 
     def _canonical_step(self, theta: dict, v: dict, slots: list[LiveSlot], rows: dict[str, dg.Row] | None = None) -> None:
-        """Step ``(theta, v)`` with each of ``slots``' canonical aggregates in turn, tensor by tensor in
-        parallel threads (a tensor goes through every slot before the next: one sweep over the state for
-        several slots; the bits are those of one step after the other, every operation being per tensor).
+        """:func:`~protocol.ledger.outer.step_slots` by the run's rule, payload pages let go after each pass.
         ``rows`` (the window bottom's sweep): the arrays are the bottom store's; each stepped tensor is hashed
         into ``rows`` (its tree-digest rows, ``"theta/<name>"`` and ``"momentum/<name>"``) while it is still
-        in memory, then settled. A radial tensor's scale needs ``‖u‖`` first, so its ``u`` is computed into a
-        float64 temporary of its size; a mean tensor's scale does not (e.g. the embeddings, the largest
-        tensors), so it is summed and stepped span by span (no temporary; the same bits: every operation is
-        elementwise)."""
-        mu = self.config.momentum
+        in memory, then settled."""
 
-        def one(name: str) -> None:
-            u = np.empty(self._shapes[name], dtype=np.float64) if uses_radial(name, self.config) else None
-            for slot in slots:
-                eta = self.config.eta(slot.slot)
-                if u is not None:
-                    _, scale = slot.canonical_tensor(name, u)
-                    nesterov_step({name: theta[name]}, {name: v[name]}, {name: u}, {name: scale}, eta, mu)
-                else:
-                    mean_step(slot, name, flat(theta[name]), flat(v[name]), eta, mu)
-                self._settle_payloads(slot.entries)  # per tensor: what a pass holds does not grow with the peers
-            if rows is not None:
-                rows["theta/" + name] = dg.tree_row("theta/" + name, theta[name])
-                rows["momentum/" + name] = dg.tree_row("momentum/" + name, v[name])
-                self.bottom_store.settle((theta[name], v[name]))
+        def hashed(name: str) -> None:
+            rows["theta/" + name] = dg.tree_row("theta/" + name, theta[name])
+            rows["momentum/" + name] = dg.tree_row("momentum/" + name, v[name])
+            self.bottom_store.settle((theta[name], v[name]))
 
-        parallel_map(one, self._shapes)
+        step_slots(self._rule, self.config, self._shapes, theta, v, slots, self._settle_payloads,
+                   None if rows is None else hashed)
 
     def _settle_payloads(self, entries: Iterable[SlotEntry]) -> None:
         """A pass over these entries' payloads (or one tensor of them) is over: the store may let their
