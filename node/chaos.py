@@ -55,7 +55,7 @@ from p2p import Host, Request, Response
 from p2p.blobserve import BLOB_PREFIX
 from p2p.errors import TransportError
 from p2p.tls import connect as tls_connect
-from protocol.compression import Codec
+from protocol.compression.formats import as_codec_local
 from protocol.compression.tensors import decode_tensors, encode_tensors
 from protocol.errors import RemoteProtocolError
 from protocol.ledger import Ledger
@@ -170,7 +170,7 @@ class Misbehave:
         closed run whose hello showed its membership, publishing what no rule may count."""
         payload, codec, tokens, steps = honest
         signed = await self.host.publish_update(payload, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
-                                                inner_steps=steps, codec=Codec(codec).value,
+                                                inner_steps=steps, codec=str(as_codec_local(codec)),
                                                 shapes=shapes_field(self.shapes), membership=b"")
         log.warning("chaos: published update %s without its membership", signed.message_id.hex()[:16])
         return signed

@@ -70,6 +70,8 @@ def _csv(text: str) -> tuple[str, ...]:
 def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
     """The command line of `diloco-node`; with `model_name` (a library user's program, `diloco.run`), the same
     under the program's name, without the flags that choose diloco-node's own model in `--help`."""
+    from protocol.compression.formats import codec_names  # numpy only; the codecs registered by now
+
     own = model_name is None
     p = argparse.ArgumentParser(
         prog="diloco-node" if own else Path(sys.argv[0]).name,
@@ -156,9 +158,10 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                        help="the run ends at slot N (about N rounds of each node; run-wide: a joiner takes it "
                             "from the run): once there, drain (wait for the peers), evaluate the final model, "
                             "goodbye, checkpoint, print STOPPED, exit 0 (default: run until SIGTERM/SIGINT)")
-    train.add_argument("--compression", default="int4", choices=("fp32", "bf16", "int8", "int4"),
-                       help="pseudo-gradient codec, with error feedback (default %(default)s: 7.5x smaller than "
-                            "fp32, see BENCHMARKS.md)")
+    train.add_argument("--compression", default="int4", choices=codec_names(),
+                       help="pseudo-gradient codec, with error feedback; Python code may register more before the "
+                            "node starts (protocol.compression.formats.register_codec; default %(default)s: 7.5x "
+                            "smaller than fp32, see BENCHMARKS.md)")
     train.add_argument("--seed", type=int, default=0, metavar="N",
                        help="seed of the initial parameters and the data order (default %(default)s)")
     train.add_argument("--window", type=int, default=8, metavar="W",

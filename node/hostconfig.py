@@ -11,7 +11,7 @@ import p2p
 from node.outer.updates import accept_hook
 from node.settings import NodeSettings
 from protocol.admission import Admission
-from protocol.compression import Codec, payload_size
+from protocol.compression import payload_size
 from protocol.gossip import GossipConfig
 from protocol.identity import Identity
 from protocol.ledger import LedgerConfig
@@ -57,4 +57,4 @@ SPILL_UPDATES = 8
 def spill_bytes(shapes: Mapping[str, tuple[int, ...]], compression: str) -> int:
     """The host's spill bound (`p2p.HostConfig.blob_spill_bytes`): its default, or room for `SPILL_UPDATES`
     payloads of this model when that is more."""
-    return max(p2p.HostConfig.blob_spill_bytes, SPILL_UPDATES * payload_size(shapes, Codec(compression)))
+    return max(p2p.HostConfig.blob_spill_bytes, SPILL_UPDATES * payload_size(shapes, compression))

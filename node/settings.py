@@ -22,7 +22,7 @@ from node.island.config import Config, ConfigError, MeshShape, preset
 from node.island.data import resolve_vocab
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
-from protocol.compression import Codec
+from protocol.compression.formats import codec_names
 from protocol.ledger import LedgerConfig
 from protocol.ledger.rules import rule_names
 from protocol.messages import split_addr
@@ -102,8 +102,8 @@ class NodeSettings:
                 _fail(f"{flag} {host}: a wildcard address cannot reach this node; name the address peers use")
         if self.sync_timeout_s is not None and not 0.0 < self.sync_timeout_s < float("inf"):
             _fail(f"--sync-timeout must be > 0 seconds, got {self.sync_timeout_s}")
-        if self.compression not in {c.value for c in Codec}:
-            _fail(f"--compression must be one of {[c.value for c in Codec]}, got {self.compression!r}")
+        if self.compression not in codec_names():
+            _fail(f"--compression must be one of {codec_names()}, got {self.compression!r}")
         for flag, value, low in (("--inner-steps", self.inner_steps, 1), ("--eval-batches", self.eval_batches, 1),
                                  ("--checkpoint-every", self.checkpoint_every, 1), ("--quorum", self.quorum, 1),
                                  ("--keep-checkpoints", self.keep_checkpoints, 1), ("--eval-every", self.eval_every, 0),

@@ -21,12 +21,11 @@ import math
 from collections import Counter
 
 from protocol import signing, wire
-from protocol.compression.formats import payload_size
+from protocol.compression.formats import codec_names, payload_size
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.framing import MAX_FRAME_SIZE
 from protocol.identity import public_key_from_peer_id
 from protocol.messages import (
-    KNOWN_CODECS,
     AnyMessage,
     Goodbye,
     Hello,
@@ -157,7 +156,7 @@ def _check_prune(validator: Validator, prune: Prune) -> None:
 
 
 def _check_update(validator: Validator, u: UpdateHeader) -> None:
-    if u.codec not in KNOWN_CODECS:
+    if u.codec not in codec_names():  # the built-ins (messages.KNOWN_CODECS) and any registered codec
         raise RemoteProtocolError(Reason.BAD_CODEC, f"codec {u.codec!r}")
     if u.base_slot > u.publish_slot:
         raise RemoteProtocolError(Reason.BAD_SLOT, f"base slot {u.base_slot} > publish slot {u.publish_slot}")

@@ -49,6 +49,7 @@ from node.island.train import InnerLoop, Progress, RoundResult
 from node.outer.updates import Shapes, compress, make_delta, shapes_field, update_meta
 from p2p import Host
 from protocol.compression import Codec, ErrorFeedback
+from protocol.compression.formats import as_codec_local
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy, UpdateMeta
 from protocol.ledger.proof import proof_of
@@ -400,7 +401,7 @@ class Rounds:
         if self.misbehave is not None:
             honest = (payload, self.feedback.codec, result.tokens, result.steps)
             for extra in await self.misbehave.act(base_slot, publish_slot, honest):
-                await self._add_own(extra, Codec(extra.body.codec))
+                await self._add_own(extra, as_codec_local(extra.body.codec))
                 self.blobs.hold(extra.body.publish_slot + 1, extra.body.payload_sha256.hex())
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
             # Its Δ is read once, when the next round's base subtracts it: decoded then from the mapped blob.
@@ -425,7 +426,7 @@ class Rounds:
                                                                    publish_slot + 1)
         signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
                                                 inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
-        outcome = await self._add_own(signed, Codec(codec))
+        outcome = await self._add_own(signed, as_codec_local(codec))
         honest = Payload(self.feedback.codec, payload)
         return signed, outcome, PayloadDeltas.measured(honest, self.shapes, norms)
 

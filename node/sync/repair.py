@@ -98,7 +98,7 @@ async def _fetch_meta(host: Host, replica: Replica, run_id: str, peer: str,
 def _decode(entry: MetaEntry, path: Path, shapes: dict) -> tuple[dict, Payload]:
     """An entry's float32 deltas and payload from its fetched blob (blocking)."""
     data = map_blob(path)
-    payload, deltas = decode_snapshot_payload(entry.codec.value, data, shapes)
+    payload, deltas = decode_snapshot_payload(str(entry.codec), data, shapes)
     out = dict(deltas)
     drop_pages(data)
     return out, payload

@@ -355,7 +355,7 @@ def load(meta: StateMeta, download: BottomDownload, paths: Mapping[str, Path], m
     entries = []
     for e in meta.entries:
         data = map_blob(paths[e.blob])
-        payload, deltas = decode_snapshot_payload(e.codec.value, data, meta.shapes)
+        payload, deltas = decode_snapshot_payload(str(e.codec), data, meta.shapes)
         drop_pages(data)
         entries.append(SnapshotEntry(e.meta, e.slot, deltas, payload))
     params = {n[len("theta/"):]: a for n, a in views.items() if n.startswith("theta/")}

@@ -3,13 +3,20 @@
 Everything a decoder needs to know before it touches a byte lives here: which codecs exist, how large a
 payload for a given set of shapes must be, and the numeric limits both sides agree on. The byte layout
 itself is specified in `docs/payload-format.md`; keep the two in step.
+
+The built-in codecs are `Codec`'s. Others are registered in this one place (`register_codec`, a `CodecSpec`:
+its record size, encoder and span decoder), and from then on every path that takes a codec name takes
+theirs: the update header, the payload size check, encoding with error feedback, the ledger's span
+decodes, state sync and `--compression`. A registered codec's name is the plain `str`; a built-in's is the
+`Codec` member (a `str` too).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,20 +52,75 @@ MIN_SCALE = 2.0**-100
 _SCALE_BYTES = 2
 
 
-def as_codec_local(codec: Codec | str) -> Codec:
-    """`codec` as a Codec, or LocalProtocolError if this side named one that does not exist."""
-    try:
-        return Codec(codec)
-    except ValueError:
-        raise LocalProtocolError(f"unknown codec {codec!r}; expected one of {[c.value for c in Codec]}") from None
+@dataclass(frozen=True)
+class CodecSpec:
+    """A codec registered from outside the package. The payload stays one record per tensor in sorted-name
+    order (docs/payload-format.md), each record laid out by the codec:
+
+    - ``record_bytes(n)``: the bytes of the record of a tensor of ``n`` elements (a function of ``n`` alone);
+    - ``encode(x)``: the record of the flat float32 array ``x`` (finite, ``|x| ≤ 2**127``: checked before),
+      ``record_bytes(x.size)`` bytes, the same bytes on every machine;
+    - ``decode(record, n, start, stop)``: elements ``[start, stop)`` of the tensor whose record (a read-only
+      byte memoryview) holds ``n`` elements, as float32; ``start`` is a multiple of `BLOCK_SIZE`. Bytes a
+      peer sent: a record it cannot have encoded raises ``RemoteProtocolError`` (the caller also refuses a
+      non-finite or oversized value, or an array of another length or dtype, for it).
+    """
+
+    name: str
+    record_bytes: Callable[[int], int]
+    encode: Callable[[np.ndarray], bytes]
+    decode: Callable[[memoryview, int, int, int], np.ndarray]
 
 
-def as_codec_remote(codec: Codec | str) -> Codec:
-    """`codec` as a Codec, or RemoteProtocolError(BAD_CODEC) if a peer named one that does not exist."""
+_REGISTERED: dict[str, CodecSpec] = {}
+
+
+def register_codec(spec: CodecSpec) -> None:
+    """Make ``spec.name`` a codec every path accepts (module docstring). A name is registered once."""
+    if not isinstance(spec, CodecSpec):
+        raise LocalProtocolError(f"register_codec needs a CodecSpec, got {type(spec).__name__}")
+    if not isinstance(spec.name, str) or not 1 <= len(spec.name) <= 16 or not spec.name.isprintable():
+        raise LocalProtocolError(f"a codec's name is 1-16 printable characters (the header's field), got {spec.name!r}")
+    if spec.name in codec_names() and _REGISTERED.get(spec.name) is not spec:
+        raise LocalProtocolError(f"a codec named {spec.name!r} is already registered")
+    _REGISTERED[spec.name] = spec
+
+
+def registered_codec(codec: str) -> CodecSpec | None:
+    """The `CodecSpec` of a registered codec's name; None for a built-in (or unknown) one."""
+    return None if isinstance(codec, Codec) else _REGISTERED.get(codec)
+
+
+def codec_names() -> list[str]:
+    """Every codec's name: the built-ins, then the registered ones."""
+    return [c.value for c in Codec] + sorted(_REGISTERED)
+
+
+def _lookup(codec: object) -> Codec | str | None:
+    if isinstance(codec, Codec):
+        return codec
     try:
         return Codec(codec)
     except (ValueError, TypeError):
-        raise RemoteProtocolError(Reason.BAD_CODEC, f"unknown codec {codec!r}") from None
+        return codec if isinstance(codec, str) and codec in _REGISTERED else None
+
+
+def as_codec_local(codec: Codec | str) -> Codec | str:
+    """`codec` as a Codec (or a registered codec's name), or LocalProtocolError if this side named one that
+    does not exist."""
+    found = _lookup(codec)
+    if found is None:
+        raise LocalProtocolError(f"unknown codec {codec!r}; expected one of {codec_names()}")
+    return found
+
+
+def as_codec_remote(codec: Codec | str) -> Codec | str:
+    """`codec` as a Codec (or a registered codec's name), or RemoteProtocolError(BAD_CODEC) if a peer named
+    one that does not exist."""
+    found = _lookup(codec)
+    if found is None:
+        raise RemoteProtocolError(Reason.BAD_CODEC, f"unknown codec {codec!r}")
+    return found
 
 
 def num_blocks(numel: int) -> int:
@@ -66,8 +128,13 @@ def num_blocks(numel: int) -> int:
     return -(-numel // BLOCK_SIZE)
 
 
-def tensor_bytes(numel: int, codec: Codec) -> int:
+def tensor_bytes(numel: int, codec: Codec | str) -> int:
     """Size in bytes of one tensor's record in a payload of `codec`."""
+    if not isinstance(codec, Codec):
+        spec = _REGISTERED.get(codec)
+        if spec is not None:
+            return int(spec.record_bytes(numel))
+        codec = Codec(as_codec_local(codec))
     if codec is Codec.FP32:
         return 4 * numel
     if codec is Codec.BF16:

@@ -23,8 +23,10 @@ from protocol.compression.formats import (
     Codec,
     as_codec_local,
     as_codec_remote,
+    CodecSpec,
     check_shapes,
     num_blocks,
+    registered_codec,
     tensor_bytes,
 )
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
@@ -47,7 +49,7 @@ def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec | str) -> byt
 
     def one(name: str) -> list[np.ndarray]:
         try:
-            return _ENCODERS[codec](arrays[name].ravel())
+            return _encoder(codec)(arrays[name].ravel())
         except LocalProtocolError as e:
             raise LocalProtocolError(f"{name!r}: {e}") from None
 
@@ -94,7 +96,7 @@ def decode_tensors(
     offsets, sizes = record_offsets(shapes, codec), dict(zip(names, numels, strict=True))
 
     def one(name: str) -> np.ndarray:
-        return _DECODERS[codec](buf, offsets[name], sizes[name], name, 0, sizes[name]).reshape(shapes[name])
+        return _decoder(codec)(buf, offsets[name], sizes[name], name, 0, sizes[name]).reshape(shapes[name])
 
     return dict(zip(names, parallel_map(one, names), strict=True))  # tensors in parallel threads
 
@@ -117,7 +119,7 @@ def decode_span(
     Checks the span's scales and codes as `decode_tensors` does (RemoteProtocolError)."""
     if start % BLOCK_SIZE or not 0 <= start <= stop <= numel:
         raise LocalProtocolError(f"span [{start}, {stop}) of {numel} elements must start at a block boundary")
-    return _DECODERS[codec](memoryview(payload).cast("B"), offset, numel, name, start, stop)
+    return _decoder(codec)(memoryview(payload).cast("B"), offset, numel, name, start, stop)
 
 
 def add_decoded_span(
@@ -249,3 +251,37 @@ _DECODERS = {
     Codec.INT8: partial(_decode_blockwise, Codec.INT8),
     Codec.INT4: partial(_decode_blockwise, Codec.INT4),
 }
+
+
+def _encoder(codec: Codec | str):
+    spec = registered_codec(codec)
+    return _ENCODERS[codec] if spec is None else partial(_encode_registered, spec)
+
+
+def _decoder(codec: Codec | str):
+    spec = registered_codec(codec)
+    return _DECODERS[codec] if spec is None else partial(_decode_registered, spec)
+
+
+def _encode_registered(spec: CodecSpec, x: np.ndarray) -> list[np.ndarray]:
+    _check_range(x)
+    record = np.frombuffer(bytes(spec.encode(x)), dtype=np.uint8)
+    if record.size != spec.record_bytes(x.size):
+        raise LocalProtocolError(f"codec {spec.name!r} encoded {x.size} values into {record.size} bytes, "
+                                 f"not its record_bytes({x.size}) = {spec.record_bytes(x.size)}")
+    return [record]
+
+
+def _decode_registered(spec: CodecSpec, buf: memoryview, offset: int, numel: int, name: str, start: int,
+                       stop: int) -> np.ndarray:
+    """A registered codec's span, held to what every built-in decode guarantees: float32, the span's length,
+    finite and at most 2**127 in magnitude (else the peer's bytes are refused)."""
+    record = buf[offset: offset + spec.record_bytes(numel)].toreadonly()
+    out = spec.decode(record, numel, start, stop)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (stop - start,):
+        raise RemoteProtocolError(Reason.MALFORMED, f"{name}: codec {spec.name!r} decoded no float32 span of "
+                                  f"{stop - start} values")
+    if out.size and not np.abs(out).max() <= MAX_ABS:
+        raise RemoteProtocolError(Reason.NON_FINITE if not np.isfinite(out).all() else Reason.MALFORMED,
+                                  f"{name}: codec {spec.name!r} decoded a value that is not finite or above 2**127")
+    return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol.compression.formats import as_codec_local, codec_names
 from protocol.compression import Codec, add_decoded_span, decode_span, decode_span_into, payload_size, record_offsets
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.ledger.chunks import flat, tensor_norm
@@ -31,15 +32,16 @@ class Payload:
     read-only byte memoryview (e.g. of a memory-mapped blob file, so the payload stays on disk: see
     ``node.outer.outer_files.map_blob``)."""
 
-    codec: Codec
+    codec: Codec | str  # a registered codec's name is a plain str (protocol.compression.formats)
     data: bytes | memoryview
 
     def __post_init__(self) -> None:
         view = self.data if isinstance(self.data, memoryview) else None
-        if not isinstance(self.codec, Codec) or not (
+        if not isinstance(self.codec, str) or self.codec not in codec_names() or not (
             isinstance(self.data, bytes) or (view is not None and view.readonly and view.format == "B")
         ):
-            raise LocalProtocolError("a payload is a Codec and bytes (or a read-only byte memoryview)")
+            raise LocalProtocolError("a payload is a known codec and bytes (or a read-only byte memoryview)")
+        object.__setattr__(self, "codec", as_codec_local(self.codec))  # a built-in's name becomes its Codec
 
 
 class PayloadDeltas(Mapping[str, np.ndarray]):
@@ -132,9 +134,9 @@ def decode_snapshot_payload(
     keeps the norms). Anything that does not decode
     (unknown codec, wrong size for ``shapes``, non-finite or malformed values) is
     ``RemoteProtocolError(BAD_STATE)``: inside a snapshot, a bad payload is a bad state."""
-    if not isinstance(codec, str) or not isinstance(data, bytes | memoryview) or codec not in {c.value for c in Codec}:
+    if not isinstance(codec, str) or not isinstance(data, bytes | memoryview) or codec not in codec_names():
         raise RemoteProtocolError(Reason.BAD_STATE, "an entry payload is a known codec name and bytes")
-    payload = Payload(Codec(codec), data)
+    payload = Payload(as_codec_local(codec), data)
     try:
         check_payload(payload, shapes)
     except LocalProtocolError as exc:

@@ -55,7 +55,7 @@ def check_entry(run_id: str, meta: UpdateMeta, codec: Codec, blob: str, size: in
         raise RemoteProtocolError(Reason.BAD_STATE, f"{where} carries no signature")
     try:
         header = UpdateHeader(run_id, meta.origin, proof.seqno, meta.base_slot, meta.publish_slot, meta.tokens,
-                              meta.inner_steps, codec.value, header_shapes(shapes), bytes.fromhex(blob), size,
+                              meta.inner_steps, str(codec), header_shapes(shapes), bytes.fromhex(blob), size,
                               proof.membership)
         signed = Signed(header, proof.signature)
         signing.verify(signed)

@@ -134,7 +134,7 @@ class LedgerSnapshot:
                 e.meta.tokens,
                 e.meta.inner_steps,
                 e.slot,
-                raw(e.deltas, _F32) if e.payload is None else [e.payload.codec.value, blob(e.payload.data)],
+                raw(e.deltas, _F32) if e.payload is None else [str(e.payload.codec), blob(e.payload.data)],
             ]
             for e in sorted(self.entries, key=lambda e: e.meta.update_id)
         ]

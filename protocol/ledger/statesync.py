@@ -33,6 +33,7 @@ import msgpack
 import numpy as np
 
 from protocol.compression import Codec, payload_size
+from protocol.compression.formats import as_codec_local, codec_names
 from protocol.ledger.config import ID_BYTES, UpdateMeta
 from protocol.ledger.digest import BOTTOM_DOMAIN, PIECE, Row, state_digest, tree_digest_of_hashes, tree_rows
 from protocol.ledger.fork import SUM_BYTES, LedgerView
@@ -218,7 +219,7 @@ class StateMeta:
         """The canonical encoding (msgpack, binary strings on; PROTOCOL.md "State sync")."""
         names = sorted(self.shapes)
         entries = [[e.meta.update_id, e.meta.origin, e.meta.base_slot, e.meta.publish_slot, e.meta.tokens,
-                    e.meta.inner_steps, e.slot, e.codec.value, bytes.fromhex(e.blob), e.size,
+                    e.meta.inner_steps, e.slot, str(e.codec), bytes.fromhex(e.blob), e.size,
                     *([e.proof.seqno, e.proof.signature, e.proof.membership] if e.proof else [])]
                    for e in self.entries]
         doc = {"format": FORMAT, "version": VERSION, "slot": self.slot, "base_slot": self.base_slot,
@@ -274,14 +275,14 @@ def _entry(x: object, shapes: Mapping[str, tuple[int, ...]]) -> MetaEntry:
     update_id, sha = binary(update_id, "entry id"), binary(sha, "entry payload sha256")
     if len(update_id) != ID_BYTES or len(sha) != HASH or not isinstance(origin, str):
         raise bad_state("an entry's id and payload hash are 32 bytes, its origin a string")
-    if codec not in {c.value for c in Codec}:
+    if not isinstance(codec, str) or codec not in codec_names():
         raise bad_state(f"entry codec {codec!r} is unknown")
-    if uint(size, "entry payload size") != payload_size(shapes, Codec(codec)):
+    if uint(size, "entry payload size") != payload_size(shapes, codec):
         raise bad_state(f"entry payload of {size} bytes is not a {codec} payload of the model's shapes")
     meta = UpdateMeta(update_id=update_id, origin=origin, base_slot=uint(base_slot, "entry base_slot"),
                       publish_slot=uint(publish_slot, "entry publish_slot"), tokens=uint(tokens, "entry tokens"),
                       inner_steps=uint(steps, "entry inner_steps"))
-    return MetaEntry(meta, uint(slot, "entry slot"), Codec(codec), sha.hex(), size, proof)
+    return MetaEntry(meta, uint(slot, "entry slot"), as_codec_local(codec), sha.hex(), size, proof)
 
 
 def verify_meta(meta: StateMeta, slot: int, ledger_digest: bytes, params_digest: bytes) -> None:

@@ -1,54 +1,23 @@
-"""Tier (a) and one tier-(c)-style in-process run: the outer rule is a seam. Two rules defined here, outside
-the package, and registered by name: plain SGD (linear, so late updates fold in closed form) and a sign
+"""Tier (a), and one in-process run that trains: the outer rule is a seam. Two rules defined outside the
+package (tests/plugins.py) and registered by name: plain SGD (linear, so late updates fold in closed form) and a sign
 step (not linear, so the ledger replays its window instead). Replicas that receive the same updates in any
 order, closing slots whenever they like, hold the same bits under either rule, and a small in-memory network
-of real learners (real JAX training, int4 codec, one ledger each) trains with the plugged rule and ends in
-agreement."""
+of real learners (real JAX training, one ledger each, their updates in the codec plugged beside the rules)
+trains with the plugged rule and ends in agreement."""
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from plugins import PlainSGD  # registers the plugged rules and codec (tests/plugins.py)
 
 from protocol.errors import LocalProtocolError
 from protocol.ledger import Ledger, LedgerConfig, UpdateMeta
-from protocol.ledger.rules import OuterRule, register_rule, rule_names
+from protocol.ledger.rules import register_rule
 
-_F64 = np.float64
-
-
-class PlainSGD(OuterRule):
-    """θ ← θ − η g; the second buffer is left alone. Linear: a change δ of slot r moves θ_n by −η_r δ."""
-
-    name = "test-plain-sgd"
-    linear = True
-
-    def step(self, theta: np.ndarray, v: np.ndarray, u: np.ndarray, scale: float | None, eta: float) -> None:
-        g = np.asarray(u, dtype=_F64) if scale is None else np.multiply(u, _F64(scale), dtype=_F64)
-        np.subtract(theta, g * _F64(eta), out=theta, casting="same_kind")
-
-    def fold_coefficients(self, r: int, n: int, eta: Callable[[int], float]) -> tuple[float, float]:
-        assert 1 <= r <= n
-        return 0.0, eta(r)
-
-
-class SignStep(OuterRule):
-    """θ ← θ − η·10⁻³·sign(g): not linear in the aggregates, so there is no closed-form fold."""
-
-    name = "test-sign"
-
-    def step(self, theta: np.ndarray, v: np.ndarray, u: np.ndarray, scale: float | None, eta: float) -> None:
-        g = np.asarray(u, dtype=_F64) if scale is None else np.multiply(u, _F64(scale), dtype=_F64)
-        np.subtract(theta, np.sign(g) * _F64(eta * 1e-3), out=theta, casting="same_kind")
-
-
-for _rule in (PlainSGD, SignStep):
-    if _rule.name not in rule_names():
-        register_rule(_rule.name, lambda config, rule=_rule: rule())
 
 SHAPES = {"emb": (6,), "w": (4, 5), "b": (3,)}
 
@@ -134,19 +103,20 @@ def test_replicas_of_a_plugged_rule_agree_whatever_the_order(rule: str, seed: in
 
 
 @pytest.mark.slow
-def test_an_in_memory_network_trains_with_a_plugged_rule_and_its_replicas_agree() -> None:
+def test_an_in_memory_network_trains_with_a_plugged_rule_and_codec_and_its_replicas_agree() -> None:
     from node.island.bytelm import byte_lm_task
     from node.island.config import preset
     from testnet.benchmarks.quality import Simulation
 
     task = byte_lm_task(preset("tiny"), 16)
     config = LedgerConfig(window=8, outer_rule="test-plain-sgd", embeddings=task.model.embeddings)
-    sim = Simulation("eager", workers=3, inner_steps=10, speeds=[1.0, 1.0, 0.7], latency=4, codec="int4", seed=3,
+    sim = Simulation("eager", workers=3, inner_steps=10, speeds=[1.0, 1.0, 0.7], latency=4, codec="test-fp16", seed=3,
                      outer_lr=1.0, task=task, ledger_config=config)
     before = sim.learners[0].loop.evaluate(sim.heldout, params=sim.learners[0].ledger.params())
     result = sim.run(rounds=4)
     ledgers = [ln.ledger for ln in sim.learners]
     assert {led.config.outer_rule for led in ledgers} == {"test-plain-sgd"}
+    assert {str(ln.feedback.codec) for ln in sim.learners} == {"test-fp16"}
     assert len({(led.slot, led.ledger_digest(), led.params_digest()) for led in ledgers}) == 1
     assert sum(led.counters["folded-late"] for led in ledgers) > 0
     assert result["bpb"] < before  # it trained

@@ -149,7 +149,8 @@ def test_add_refuses_a_payload_that_cannot_encode_the_deltas_and_changes_nothing
     with pytest.raises(LocalProtocolError):
         led.add(m, deltas, payload=(Codec.INT4, payload.data))
     with pytest.raises(LocalProtocolError):
-        Payload("int4", payload.data)
+        Payload("int5", payload.data)
+    assert Payload("int4", payload.data).codec is Codec.INT4  # a built-in's name is taken as its Codec
     assert led.snapshot().to_bytes() == before and not led.has_seen(m.update_id)
 
 
