@@ -28,7 +28,7 @@ per chunk and at most `queue_chunks` buffers of one download are in memory:
 
     socket --recv_into--> free buffer --> sha256 + file write (worker thread) --> free again
 
-Why not iterate the body through httpx (measured with `python -m p2p.bench` on the 2-core development
+Why not iterate the body through httpx (measured with `python -m testnet.benchmarks.blob_plane` on the 2-core development
 VM): h11 and httpcore copy each body byte four times through freshly allocated ~1 MiB objects, and
 glibc returns such blocks to the kernel and faults them in again (130k-220k page faults per GiB);
 that cost about as much CPU as the SHA-256. So the request and the response head go through httpx,

@@ -3,7 +3,7 @@ slot-closing policy. Pure numpy, no I/O, no clock (time is an argument).
 
 Start with :class:`Ledger` (the state machine and its invariant) and :class:`SlotClosePolicy` (when to close
 the open slot); :func:`reconcile` is the fork choice between replicas whose histories cannot be
-merged. ``testnet.benchmarks.ledger_fold`` and ``protocol.ledger.demo`` are scripts, not imported here.
+merged. Its benchmarks and demo are scripts under ``testnet/benchmarks/``.
 """
 
 from protocol.ledger.aggregate import aggregate

@@ -5,7 +5,7 @@
 A second process serves the same random blob three ways over loopback: our `p2p.http.HttpApp` with
 `p2p.blobserve.BlobService` (the node's server), a Starlette app with the same route written the
 Starlette way (`Route("/blobs/{name}")`, a `StreamingResponse` of the same `os.pread` pieces; both on
-hypercorn's trio worker), and a plain trio socket (the baseline p2p.bench uses). This process fetches
+hypercorn's trio worker), and a plain trio socket (the baseline testnet.benchmarks.blob_plane uses). This process fetches
 it, alternating the order every round after one untimed warm-up of each:
 
 - raw:            the raw socket into a preallocated buffer (what the wire can do here now);
@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.responses import Response as StarletteResponse
 from starlette.routing import Route
 
-from p2p.bench import TARGET_GBIT, gbit, raw_copy, serve_raw, start_serving_child
+from testnet.benchmarks.blob_plane import TARGET_GBIT, gbit, raw_copy, serve_raw, start_serving_child
 from p2p.blobfetch import BlobClient
 from p2p.blobserve import BLOB_PREFIX, DEFAULT_CHUNK, BlobService
 from p2p.blobstore import BlobStore, BlobWriter, check_hex

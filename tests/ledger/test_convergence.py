@@ -1,13 +1,13 @@
 """Asynchronous learners (speeds 1×, 1×, 2×, 4× slower) through per-node ledger replicas reach the loss of
 synchronous DiLoCo at equal samples; without the staleness weight they do measurably worse.
 
-The scenario lives in ``protocol.ledger.demo`` (``python -m protocol.ledger.demo`` prints the whole table).
+The scenario lives in ``testnet.benchmarks.ledger_demo`` (``python -m testnet.benchmarks.ledger_demo`` prints the whole table).
 """
 
 import pytest
 import numpy as np
 
-from protocol.ledger.demo import Problem, compare
+from testnet.benchmarks.ledger_demo import Problem, compare
 
 
 @pytest.mark.slow
