@@ -159,9 +159,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "from the run): once there, drain (wait for the peers), evaluate the final model, "
                             "goodbye, checkpoint, print STOPPED, exit 0 (default: run until SIGTERM/SIGINT)")
     train.add_argument("--compression", default="int4", choices=codec_names(),
-                       help="pseudo-gradient codec, with error feedback; Python code may register more before the "
-                            "node starts (protocol.compression.formats.register_codec; default %(default)s: 7.5x "
-                            "smaller than fp32, see BENCHMARKS.md)")
+                       help="pseudo-gradient codec, with error feedback (default %(default)s: 7.5x smaller than "
+                            "fp32, see BENCHMARKS.md); Python code may register more before the node starts "
+                            "(protocol.compression.formats.register_codec)")
     train.add_argument("--seed", type=int, default=0, metavar="N",
                        help="seed of the initial parameters and the data order (default %(default)s)")
     train.add_argument("--window", type=int, default=8, metavar="W",
