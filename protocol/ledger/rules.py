@@ -41,7 +41,7 @@ from protocol.kernels import nesterov_chunk
 if TYPE_CHECKING:
     from protocol.ledger.config import LedgerConfig
 
-__all__ = ["DEFAULT_RULE", "Nesterov", "OuterRule", "outer_rule", "register_rule", "rule_names"]
+__all__ = ["DEFAULT_RULE", "Nesterov", "OuterRule", "check_rule_name", "outer_rule", "register_rule", "rule_names"]
 
 DEFAULT_RULE = "nesterov"
 
