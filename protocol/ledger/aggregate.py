@@ -60,8 +60,8 @@ from protocol.ledger.payload import Payload, PayloadDeltas, span_of
 from protocol.ledger.screen_bounds import ROUNDING, ScreenBounds, keeps_everyone
 
 __all__ = ["ScreenCache", "ScreenSums", "SlotEntry", "TensorTerms", "accumulate_sorted", "aggregate", "bound_terms",
-           "canonical_spans", "norm_with_terms", "screen_estimate", "screen_pass", "slot_scale", "tensor_terms",
-           "uses_radial"]
+           "canonical_spans", "norm_with_terms", "screen_estimate", "screen_pass", "slot_scale", "span_screen_sums",
+           "tensor_terms", "uses_radial"]
 
 _F64 = np.float64
 
@@ -79,6 +79,7 @@ class SlotEntry:
     deltas: Mapping[str, np.ndarray]
     norms: Mapping[str, float]
     payload: Payload | None = None
+    commitment: bytes | None = None  # a reduced run's header entry: the hash its origin signed for the values
 
     @cached_property
     def norms_key(self) -> tuple[float, ...]:
@@ -203,6 +204,16 @@ def _sum_span(terms: Sequence[tuple[Mapping[str, np.ndarray], np.float64]], name
     return xs
 
 
+def span_screen_sums(uc: np.ndarray, xs: Sequence[np.ndarray], tmp: np.ndarray) -> tuple[float, list[float], float | None]:
+    """One span's share of :class:`ScreenSums`: ``‖uc‖²``, each ``⟨x_i, uc⟩`` and, for two terms,
+    ``⟨x_0, x_1⟩`` (numpy's pairwise sums in float64 over the span; ``tmp`` a float64 buffer of its size).
+    Summed over a tensor's spans with ``math.fsum`` they are its canonical sums, whoever computed each span."""
+    square = float(np.sum(np.square(uc, out=tmp)))
+    products = [float(np.sum(np.multiply(x, uc, out=tmp, dtype=_F64))) for x in xs]
+    pair = float(np.sum(np.multiply(xs[0], xs[1], out=tmp, dtype=_F64))) if len(xs) == 2 else None
+    return square, products, pair
+
+
 def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = None) -> ScreenSums:
     """One pass over ``live``'s payloads (each span of each decoded once) that sums ``U`` canonically (into
     the flat float64 ``out`` when given, the aggregate's ``U`` for these terms, bit for bit: the same terms in
@@ -219,11 +230,12 @@ def screen_pass(live: LiveTerms, name: str, size: int, out: np.ndarray | None = 
         uc = out[s] if out is not None else buf[: s.stop - s.start]
         t = tmp[: s.stop - s.start]
         xs = _sum_span(terms, name, s, uc, keep)  # float32 values: each product below is exact or rounded once
-        squares.append(float(np.sum(np.square(uc, out=t))))
-        for part, x in zip(along, xs, strict=True):
-            part.append(float(np.sum(np.multiply(x, uc, out=t, dtype=_F64))))
-        if len(live) == 2:
-            pair.append(float(np.sum(np.multiply(xs[0], xs[1], out=t, dtype=_F64))))
+        square, products, two = span_screen_sums(uc, xs, t)
+        squares.append(square)
+        for part, d in zip(along, products, strict=True):
+            part.append(d)
+        if two is not None:
+            pair.append(two)
     return ScreenSums(u_squared=math.fsum(squares),
                       along={e.meta.update_id: math.fsum(part) for (e, _), part in zip(live, along, strict=True)},
                       pair=math.fsum(pair) if len(live) == 2 else None)
@@ -268,8 +280,9 @@ def screen_estimate(live: LiveTerms, name: str, size: int) -> ScreenBounds | Non
 
 def _numel(entry: SlotEntry, name: str) -> int:
     """Elements of tensor ``name`` of ``entry`` (a payload's from its shapes, without decoding it)."""
-    if isinstance(entry.deltas, PayloadDeltas):
-        return math.prod(entry.deltas.shapes[name])
+    shapes = getattr(entry.deltas, "shapes", None)  # a payload's, or a header entry's (protocol.reduced)
+    if shapes is not None:
+        return math.prod(shapes[name])
     return int(entry.deltas[name].size)
 
 

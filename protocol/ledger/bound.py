@@ -103,7 +103,9 @@ def _same_deltas(a: SlotEntry, b: SlotEntry) -> bool:
     known = a.__dict__.setdefault("_same_deltas", {})  # a frozen dataclass's own dict: a cache, not a field
     key = b.meta.update_id
     if key not in known:
-        if a.payload is not None and b.payload is not None and a.payload.codec == b.payload.codec \
+        if a.commitment is not None or b.commitment is not None:  # header entries: what their origins signed
+            known[key] = a.commitment == b.commitment
+        elif a.payload is not None and b.payload is not None and a.payload.codec == b.payload.codec \
                 and a.payload.data == b.payload.data:
             known[key] = True
         else:

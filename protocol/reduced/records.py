@@ -1,0 +1,73 @@
+"""The signed records of a reduced run: an update's commitment, a slot's seal, an aggregator's screen
+partials and its reduction.
+
+Each is a msgpack array of its fields (floats as 8-byte big-endian binary64, so the encoding stays
+canonical: no msgpack floats), signed by its author with the run's one signing domain::
+
+    signing_input = b"diloco/v1:" + kind + b":" + msgpack(fields)        id = SHA-256(signing_input)
+
+so no record verifies as another kind or as a gossiped message (``protocol.signing``). PROTOCOL.md §15
+gives the fields; these are the in-process forms the reduced slot is built and measured with, not yet wire
+messages of the node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import msgpack
+
+from protocol.identity import Identity, verify_signature
+from protocol.messages import DOMAIN
+
+__all__ = ["COMMITMENT", "PARTIALS", "REDUCTION", "SEAL", "Record", "floats", "pack_floats", "sign_record"]
+
+COMMITMENT, SEAL, PARTIALS, REDUCTION = b"reduced-commitment", b"reduced-seal", b"reduced-partials", b"reduced-reduction"
+
+
+def pack_floats(values: Sequence[float]) -> bytes:
+    return struct.pack(f">{len(values)}d", *values)
+
+
+def floats(data: bytes) -> tuple[float, ...]:
+    return struct.unpack(f">{len(data) // 8}d", data)
+
+
+@dataclass(frozen=True)
+class Record:
+    """``fields`` of ``kind`` signed by ``author`` (a peer id)."""
+
+    kind: bytes
+    fields: tuple
+    author: str
+    signature: bytes
+
+    @cached_property
+    def body(self) -> bytes:
+        return msgpack.packb(list(self.fields), use_bin_type=True)
+
+    @cached_property
+    def signing_input(self) -> bytes:
+        return DOMAIN + b":" + self.kind + b":" + self.body
+
+    @cached_property
+    def id(self) -> bytes:
+        return hashlib.sha256(self.signing_input).digest()
+
+    @property
+    def size(self) -> int:
+        """Bytes on the wire: the body, the author's id and the signature."""
+        return len(self.body) + len(self.author) + len(self.signature)
+
+    def verify(self) -> None:
+        """``RemoteProtocolError`` (BAD_IDENTITY, BAD_SIGNATURE) unless ``author`` signed it."""
+        verify_signature(self.author, self.signature, self.signing_input)
+
+
+def sign_record(identity: Identity, kind: bytes, fields: Sequence) -> Record:
+    unsigned = Record(kind, tuple(fields), identity.peer_id, b"")
+    return Record(kind, tuple(fields), identity.peer_id, identity.sign(unsigned.signing_input))
