@@ -1,0 +1,110 @@
+"""Held-out loss of reduced slots against all-to-all at equal tokens (issue 49), in one process.
+
+Both train the same learners (``testnet.benchmarks.quality.Simulation``: the node's inner loop, model, data
+shards and int4 codec with error feedback) on the synchronous schedule: every round each of N learners trains
+H steps from the current θ and publishes, and the slot holds all N updates. All-to-all is the ``sync`` mode
+(one real ``Ledger`` per learner). Reduced slots run the same rounds through ``testnet.reduced_net.ReducedNet``:
+sealed, sharded, screened and reduced from the committed pieces, each learner stepping its own
+``ReducedReplica`` with the reduced shards in ``--reduction-codec`` (default int4: the update's own codec,
+the one that keeps a node's bytes near 2.5 updates a round; its second quantization is the one thing that
+differs from all-to-all, since the coefficients and scales are the same bits).
+
+``--liar -1``: learner 0 negates every shard it reduces, until a checker catches it (then it is excluded from
+the roles, and the shards it lied in are replaced on every replica).
+
+Run: ``python -m testnet.benchmarks.reduced_quality --workers 16 --rounds 12``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from testnet.benchmarks.quality import Simulation
+from testnet.reduced_net import ReducedNet
+
+
+class ReducedSimulation(Simulation):
+    """The ``sync`` schedule with reduced slots instead of each learner's ledger."""
+
+    def __init__(self, *, reduction_codec: str | None = None, shards: int | None = None, q: float = 0.5,
+                 liar: float | None = None, **kw) -> None:
+        """``liar``: learner 0 publishes every shard it reduces times this factor (its checker may catch it)."""
+        super().__init__("sync", **kw)
+        self.codec = kw["codec"]
+        first = self.learners[0]
+        params = first.ledger.params()
+        shapes = {k: v.shape for k, v in params.items()}
+        self.net = ReducedNet(len(self.learners), shapes, params, self.ledger_config, codec=self.codec,
+                              reduction_codec=reduction_codec, shards=shards, q=q, seed=kw.get("seed", 0))
+        self.liars = {self.net.peers[0]: liar} if liar is not None else None
+        self.reports = []
+
+    def run(self, rounds: int) -> dict:
+        for _ in range(rounds):
+            updates = []
+            for ln, peer in zip(self.learners, self.net.peers, strict=True):
+                theta = self.net.replicas[peer].params()
+                ln.loop.set_params(theta)
+                ln.loop.run(self.H)
+                local = ln.loop.params
+                payload, _ = ln.feedback.compress({k: np.asarray(theta[k] - local[k], np.float32) for k in local})
+                updates.append((peer, payload, self.net.slot, self.H * self.tokens_per_batch, self.H))
+            self.reports.append(self.net.close(updates, liars=self.liars))
+        if not self.net.agree():
+            raise AssertionError("reduced replicas disagree")
+        bpb = [ln.loop.evaluate(self.heldout, params=self.net.replicas[p].params())
+               for ln, p in zip(self.learners, self.net.peers, strict=True)]
+        tokens = sum(ln.loop.step for ln in self.learners) * self.tokens_per_batch
+        return {"mode": "reduced", "bpb": float(np.mean(bpb)), "spread": float(np.ptp(bpb)), "tokens": tokens,
+                "caught": [slot for slot, rep in enumerate(self.reports, 1) if rep.caught]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testnet.benchmarks.reduced_quality", description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--inner-steps", type=int, default=50)
+    p.add_argument("--reduction-codec", default="int4", choices=("int4", "int8", "bf16", "fp32"))
+    p.add_argument("--shards", type=int, default=None, help="shards (default: one per learner, at most the pieces)")
+    p.add_argument("--q", type=float, default=0.5, help="a checker's share of a shard's pieces (default 0.5)")
+    p.add_argument("--liar", type=float, default=None, metavar="FACTOR",
+                   help="learner 0 publishes the shards it reduces times FACTOR (e.g. -1) until it is caught")
+    p.add_argument("--model", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. data.data_seed=1")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    from node.island.config import preset
+
+    common = dict(workers=a.workers, inner_steps=a.inner_steps, speeds=[1.0] * a.workers, latency=2, codec="int4",
+                  seed=0, config=preset(a.model).with_overrides_from_strings(a.set))
+    rows = {}
+    for name in ("all-to-all", "reduced"):
+        started = time.perf_counter()
+        sim = Simulation("sync", **common) if name == "all-to-all" else \
+            ReducedSimulation(reduction_codec=a.reduction_codec, shards=a.shards, q=a.q, liar=a.liar, **common)
+        r = sim.run(a.rounds)
+        rows[name] = {"bpb": r["bpb"], "tokens": r["tokens"], "spread": r["spread"], "caught": r.get("caught"),
+                      "seconds": round(time.perf_counter() - started)}
+        print(f"{name:10s} held-out {r['bpb']:.4f} bits/byte at {r['tokens']:,} tokens "
+              f"(replicas' spread {r['spread']:.1e}, {rows[name]['seconds']} s)", flush=True)
+    ratio = rows["reduced"]["bpb"] / rows["all-to-all"]["bpb"]
+    print(f"reduced ÷ all-to-all at equal tokens: {ratio:.4f} ({a.workers} learners, H={a.inner_steps}, "
+          f"{a.rounds} rounds, reductions in {a.reduction_codec}"
+          + (f", a liar ×{a.liar} caught at slots {rows['reduced']['caught']}" if a.liar is not None else "") + ")",
+          flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "ratio": ratio, "workers": a.workers, "rounds": a.rounds,
+                       "reduction_codec": a.reduction_codec}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Reduced slots among in-process nodes: every message real (signed headers, commitments, seals, partials,
+reductions, encoded pieces), every byte a node would receive or send counted, the network itself a loop.
+
+A slot closes in the phases of docs/design.md ("Reduced slots"): contributors gossip signed headers with
+their commitments; the first live sealer seals the slot; the first live aggregator of each shard fetches its
+shard of every sealed update (checked against the commitment), the aggregators of a tensor exchange
+screen partials until the screen is decided, each reduces its shard and publishes it; every node fetches the
+``S`` reduced shards and steps its replica; the checker of each shard (the next origin in the shard's order)
+re-reduces the pieces its own coin draws and, when they differ, recomputes the shard from raw pieces and
+proves the lie: every replica replaces the shard and replays its window, and the liar leaves the eligible set.
+
+Counting: a gossiped record (header, commitment, seal, partials, reduction) reaches every other node once
+and each node forwards, on average, what it receives (the mesh's steady state), so it counts once in and
+once out per node; a fetched range (raw pieces, a reduced shard) counts in at the fetcher and out at the
+server. All-to-all, counted the same way over the same updates, is every node fetching every other
+payload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocol import signing, wire
+from protocol.compression import decode_tensors
+from protocol.identity import Identity
+from protocol.ledger import LedgerConfig, UpdateMeta
+from protocol.ledger.proof import header_shapes
+from protocol.messages import UpdateHeader
+from protocol.reduced import (Commitment, PartialScreen, ReducedReplica, Seal, ShardPlan, commit, header_entry,
+                              make_seal, piece_partials, reduce_pieces, reducers, sealers, slot_terms, winning_seal)
+from protocol.reduced import merkle
+from protocol.reduced.slot import shard_leaves
+from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
+
+__all__ = ["ReducedNet", "SlotReport"]
+
+RUN = "reduced-bench"
+
+
+@dataclass
+class SlotReport:
+    """What one slot cost and found: bytes per node by kind, the update's size, who did what."""
+
+    slot: int
+    update_bytes: int
+    received: Counter = field(default_factory=Counter)  # node -> bytes in
+    sent: Counter = field(default_factory=Counter)  # node -> bytes out
+    by_kind: Counter = field(default_factory=Counter)  # kind -> bytes in, all nodes
+    all_to_all_in: Counter = field(default_factory=Counter)  # node -> bytes in, all-to-all
+    all_to_all_out: Counter = field(default_factory=Counter)
+    sealed: int = 0
+    screen_rounds: int = 0
+    fall_backs: int = 0
+    caught: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar)
+
+
+class ReducedNet:
+    """``n`` nodes training a model of ``shapes`` in reduced slots of ``shards`` shards (default ``n``).
+
+    ``replicas``: how many nodes keep a full replica (all by default; a large ``n`` keeps a few, the
+    others still do every part of the protocol and count every byte). ``q``: the checkers' chance per piece."""
+
+    def __init__(self, n: int, shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray],
+                 config: LedgerConfig, *, codec: str = "int4", reduction_codec: str | None = None,
+                 shards: int | None = None, q: float = 0.5, replicas: int | None = None, cap: int | None = None,
+                 seed: int = 0) -> None:
+        self.ids = [Identity.from_seed(hashlib.sha256(b"reduced-node-%d" % i).digest()) for i in range(n)]
+        self.peers = [i.peer_id for i in self.ids]
+        self.by_peer = dict(zip(self.peers, self.ids, strict=True))
+        self.plan = ShardPlan(shapes, shards if shards is not None else n)
+        self.config, self.codec, self.q, self.cap = config, codec, q, cap
+        self.reduction_codec = reduction_codec or codec
+        keep = n if replicas is None else min(n, replicas)
+        self.replicas = {p: ReducedReplica(params, config, self.plan, self.reduction_codec) for p in self.peers[:keep]}
+        self.eligible = set(self.peers)
+        self.excluded: set[str] = set()
+        self.slot = 0
+        self.rng = np.random.default_rng(seed)
+
+    # -- contributors ------------------------------------------------------------------------------
+    def _publish(self, peer: str, data: bytes, base: int, tokens: int, steps: int):
+        header = UpdateHeader(RUN, peer, self.slot + 1, base, self.slot, tokens, steps, self.codec,
+                              header_shapes(self.plan.shapes), hashlib.sha256(data).digest(), len(data))
+        signed = signing.sign(self.by_peer[peer], header)
+        meta = UpdateMeta(signed.message_id, peer, base, self.slot, tokens, steps)
+        values = decode_tensors(data, self.codec, self.plan.shapes)
+        record = commit(self.by_peer[peer], meta, self.plan, data, self.codec, values)
+        return meta, data, Commitment(record, meta, self.plan), len(wire.encode(signed)) + record.size
+
+    # -- one slot ----------------------------------------------------------------------------------
+    def close(self, updates: Iterable[tuple[str, bytes, int, int, int]], *,
+              dead: Sequence[str] = (), liars: Mapping[str, float] | None = None) -> SlotReport:
+        """Close the next slot over ``updates`` ((peer, payload in the run's codec, base slot, tokens, inner
+        steps), each taken as it comes, so a large run never holds every update's values). ``dead`` nodes take
+        no role this slot; a liar's reductions are its honest ones times its factor."""
+        liars = dict(liars or {})
+        dead = set(dead)
+        published = {u[0]: self._publish(*u) for u in updates}
+        slot = self.slot + 1
+        report = SlotReport(slot, max(len(d) for _, d, _, _ in published.values()))
+
+        def gossip(kind: str, size: int, author: str | None = None) -> None:
+            for p in self.peers:
+                if p != author:
+                    report.received[p] += size
+                    report.sent[p] += size
+                    report.by_kind[kind] += size
+
+        def fetch(kind: str, to: str, server: str, size: int) -> None:
+            if to != server:
+                report.received[to] += size
+                report.sent[server] += size
+                report.by_kind[kind] += size
+
+        for p, (_, data, _, size) in published.items():
+            gossip("headers", size, p)
+            for q_ in self.peers:  # all-to-all over the same updates
+                if q_ != p:
+                    report.all_to_all_in[q_] += len(data)
+                    report.all_to_all_out[p] += len(data)
+
+        # seal
+        eligible = sorted(self.eligible - self.excluded)
+        sealer = next(p for p in sealers(slot, eligible) if p not in dead)
+        record = make_seal(self.by_peer[sealer], slot, [c.meta.update_id for _, _, c, _ in published.values()], self.cap)
+        seal = winning_seal([Seal.read(record, eligible, self.cap)], eligible)
+        gossip("seals", record.size, sealer)
+        commitments = {c.meta.update_id: (c, data) for _, data, c, _ in published.values()}
+        sealed = {i: commitments[i] for i in seal.ids}
+        report.sealed = len(sealed)
+        entries = [header_entry(c, self.plan, slot, self.config) for c, _ in sealed.values()]
+
+        # every shard's raw pieces, at its aggregator (the first live one of its order)
+        roles = {k: [p for p in reducers(slot, k, eligible) if p not in dead] for k in range(self.plan.shards)}
+        report.fall_backs = sum(reducers(slot, k, eligible)[0] in dead for k in range(self.plan.shards))
+        for i, (c, data) in sealed.items():
+            leaves = shard_leaves(self.plan, data, self.codec)
+            for k in range(self.plan.shards):
+                part, siblings = self.plan.cut(data, self.plan.shard(k), self.codec), merkle.path(leaves, k)
+                c.check_shard(k, part, siblings)
+                fetch("raw shards", roles[k][0], c.meta.origin, len(part) + 32 * len(siblings))
+        values = {i: _Pieces(self.plan, data, self.codec) for i, (_, data) in sealed.items()}
+
+        # the screen, from the aggregators' partials of each tensor's pieces
+        owners = {p.index: roles[self.plan.shard_of(p)][0] for p in self.plan.pieces}
+        tensor_pieces = {name: [p for p in self.plan.pieces if p.name == name] for name in self.plan.shapes}
+
+        def gather(name: str, live: list[tuple[bytes, float]]):
+            report.screen_rounds += 1
+            pieces = tensor_pieces[name]
+            parts = piece_partials(values, live, pieces)
+            holders = {owners[p.index] for p in pieces}
+            for author in holders:  # each aggregator of the tensor signs its pieces' partials for the others
+                mine = [p for p in pieces if owners[p.index] == author]
+                floats = [x for p in mine for x in _flat(parts[p.index])]
+                rec = sign_record(self.by_peer[author], PARTIALS, [slot, name, pack_floats(floats)])
+                for other in holders - {author}:
+                    fetch("partials", other, author, rec.size)
+            return [parts[p.index] for p in pieces]
+
+        screen = PartialScreen(gather)
+        coefficients, scales = {}, {}
+        for name in self.plan.shapes:
+            coefficients[name], scales[name] = slot_terms(entries, name, self.config, screen)
+
+        # reductions, fetched by every node
+        shards: dict[int, bytes] = {}
+        honest: dict[int, bytes] = {}
+        for k in range(self.plan.shards):
+            pieces, aggregator = self.plan.shard(k), roles[k][0]
+            result = reduce_pieces(values, pieces, coefficients, scales)
+            honest[k] = self.plan.encode(result, pieces, self.reduction_codec)
+            factor = liars.get(aggregator)
+            shards[k] = honest[k] if factor is None else \
+                self.plan.encode({i: (x * np.float32(factor)).astype(np.float32) for i, x in result.items()},
+                                 pieces, self.reduction_codec)
+            rec = sign_record(self.by_peer[aggregator], REDUCTION,
+                              [slot, k, seal.record.id, hashlib.sha256(shards[k]).digest()])
+            gossip("reductions", rec.size, aggregator)
+            for p in self.peers:
+                fetch("reduced shards", p, aggregator, len(shards[k]))
+        for replica in self.replicas.values():
+            replica.apply(slot, shards)
+
+        # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces
+        for k in range(self.plan.shards):
+            if len(roles[k]) < 2:
+                continue
+            aggregator, checker, pieces = roles[k][0], roles[k][1], self.plan.shard(k)
+            drawn = self._draw(pieces)
+            for i, (c, data) in sealed.items():
+                fetch("checks", checker, c.meta.origin, len(self.plan.cut(data, drawn, self.codec)))
+            mine = self.plan.encode(reduce_pieces(values, drawn, coefficients, scales), drawn, self.reduction_codec)
+            theirs = self.plan.within(shards[k], pieces, drawn, self.reduction_codec)
+            if mine != theirs:  # a fraud proof: the checker reduces the whole shard, every replica replaces it
+                for i, (c, data) in sealed.items():
+                    rest = [p for p in pieces if p not in drawn]
+                    fetch("fraud proofs", checker, c.meta.origin, len(self.plan.cut(data, rest, self.codec)))
+                for p in self.peers:
+                    fetch("fraud proofs", p, checker, len(honest[k]))
+                for replica in self.replicas.values():
+                    replica.replace(slot, k, honest[k])
+                self.excluded.add(aggregator)
+                report.caught.append((k, aggregator))
+        self.slot = slot
+        return report
+
+    def _draw(self, pieces: list) -> list:
+        """A checker's draw of ``pieces``: ``q·m`` of the ``m`` on average, ⌊q·m⌋ or one more, which ones by its
+        own coin (the aggregator cannot know them)."""
+        whole, part = divmod(self.q * len(pieces), 1.0)
+        count = min(len(pieces), int(whole) + (self.rng.random() < part))
+        picked = sorted(self.rng.choice(len(pieces), size=count, replace=False).tolist())
+        return [pieces[i] for i in picked]
+
+    def agree(self) -> bool:
+        """Whether every replica holds the same bits."""
+        return len({r.digest() for r in self.replicas.values()}) <= 1
+
+    def params(self) -> dict[str, np.ndarray]:
+        return next(iter(self.replicas.values())).params()
+
+
+class _Pieces(Mapping[int, np.ndarray]):
+    """An update's pieces by index, decoded from its payload when read (what an aggregator fetched)."""
+
+    def __init__(self, plan: ShardPlan, data: bytes, codec: str) -> None:
+        self.plan, self.data, self.codec = plan, data, codec
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        piece = self.plan.pieces[index]
+        return self.plan.decode(self.plan.cut(self.data, [piece], self.codec), [piece], self.codec)[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.plan.pieces)))
+
+    def __len__(self) -> int:
+        return len(self.plan.pieces)
+
+
+def per_update(counts: Counter, peers: Sequence[str], update_bytes: int) -> tuple[float, float]:
+    """(mean, max) over ``peers`` of ``counts`` ÷ one update's bytes."""
+    xs = [counts[p] / update_bytes for p in peers]
+    return float(np.mean(xs)), float(max(xs))
+
+
+def _flat(partials) -> list[float]:
+    square, along, pair = partials
+    return [square, *along] + ([] if pair is None else [pair])
