@@ -5,7 +5,8 @@ A slot closes in the phases of docs/design.md ("Reduced slots"): contributors go
 their commitments; the first live sealer seals the slot; the first live aggregator of each shard fetches its
 shard of every sealed update (checked against the commitment), the aggregators of a tensor exchange
 screen partials until the screen is decided, each reduces its shard and publishes it; every node fetches the
-``S`` reduced shards and steps its replica; the checker of each shard (the next origin in the shard's order)
+``S`` reduced shards, refuses one longer than the headers allow (``protocol.reduced.bounds``: its successor's
+is fetched instead, and its aggregator leaves the eligible set), and steps its replica; the checker of each shard (the next origin in the shard's order)
 re-reduces the pieces its own coin draws and, when they differ, recomputes the shard from raw pieces and
 proves the lie: every replica replaces the shard and replays its window, and the liar leaves the eligible set.
 
@@ -27,15 +28,17 @@ import numpy as np
 
 from protocol import signing, wire
 from protocol.compression import decode_tensors
+from protocol.errors import RemoteProtocolError
 from protocol.identity import Identity
 from protocol.ledger import LedgerConfig, UpdateMeta
 from protocol.ledger.proof import header_shapes
 from protocol.messages import UpdateHeader
 from protocol.reduced import (Commitment, PartialScreen, ReducedReplica, Seal, ShardPlan, commit, header_entry,
-                              make_seal, piece_partials, reduce_pieces, reducers, sealers, slot_terms, winning_seal)
-from protocol.reduced import merkle
-from protocol.reduced.slot import shard_leaves
+                              make_seal, merkle, piece_partials, reduce_pieces, reducers, sealers, slot_terms,
+                              winning_seal)
+from protocol.reduced.bounds import check_reduction, reduction_bounds
 from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
+from protocol.reduced.slot import shard_leaves
 
 __all__ = ["ReducedNet", "SlotReport"]
 
@@ -56,7 +59,8 @@ class SlotReport:
     sealed: int = 0
     screen_rounds: int = 0
     fall_backs: int = 0
-    caught: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar)
+    caught: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar) a check caught
+    refused: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar) past the norm bound
 
 
 class ReducedNet:
@@ -184,12 +188,24 @@ class ReducedNet:
             gossip("reductions", rec.size, aggregator)
             for p in self.peers:
                 fetch("reduced shards", p, aggregator, len(shards[k]))
+        bounds = reduction_bounds(entries, self.config)  # every node checks every shard before stepping with it
+        for k in range(self.plan.shards):
+            pieces = self.plan.shard(k)
+            try:
+                check_reduction(self.plan.decode(shards[k], pieces, self.reduction_codec), pieces, bounds,
+                                self.reduction_codec)
+            except RemoteProtocolError:  # refused by name: its successor's reduction is fetched instead
+                report.refused.append((k, roles[k][0]))
+                self.excluded.add(roles[k][0])
+                shards[k] = honest[k]
+                for p in self.peers:
+                    fetch("reduced shards", p, roles[k][min(1, len(roles[k]) - 1)], len(honest[k]))
         for replica in self.replicas.values():
             replica.apply(slot, shards)
 
         # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces
         for k in range(self.plan.shards):
-            if len(roles[k]) < 2:
+            if len(roles[k]) < 2 or any(shard == k for shard, _ in report.refused):
                 continue
             aggregator, checker, pieces = roles[k][0], roles[k][1], self.plan.shard(k)
             drawn = self._draw(pieces)

@@ -8,7 +8,9 @@ aggregator from its contributors' committed pieces, and every node applies the `
 * :mod:`~protocol.reduced.roles`: who seals, reduces and checks (orders every replica computes alike);
 * :mod:`~protocol.reduced.records`: the signed records;
 * :mod:`~protocol.reduced.seal`: a slot's seal;
+* :mod:`~protocol.reduced.merkle`: the tree whose root a commitment signs over a payload's shards;
 * :mod:`~protocol.reduced.slot`: commitments, header entries, screen partials, reductions;
+* :mod:`~protocol.reduced.bounds`: the norm every node holds a reduced shard to;
 * :mod:`~protocol.reduced.replica`: a node's state stepped with reductions.
 
 Sans-IO, like the rest of :mod:`protocol`; ``testnet.benchmarks.traffic`` runs it among in-process nodes.

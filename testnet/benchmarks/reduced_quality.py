@@ -9,8 +9,10 @@ sealed, sharded, screened and reduced from the committed pieces, each learner st
 the one that keeps a node's bytes near 2.5 updates a round; its second quantization is the one thing that
 differs from all-to-all, since the coefficients and scales are the same bits).
 
-``--liar -1``: learner 0 negates every shard it reduces, until a checker catches it (then it is excluded from
-the roles, and the shards it lied in are replaced on every replica).
+With an attack the run is compared with the honest learners alone (reduced slots both): ``--liar -1``:
+learner 0 negates every shard it reduces, until a checker catches it (then it is excluded from the roles,
+and the shards it lied in are replaced on every replica); ``--negate K``: the last K learners publish
+−10⁴ × their update every round (the hostile-peer table's attack), against the other learners alone.
 
 Run: ``python -m testnet.benchmarks.reduced_quality --workers 16 --rounds 12``.
 """
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from protocol.compression import encode_tensors
 from testnet.benchmarks.quality import Simulation
 from testnet.reduced_net import ReducedNet
 
@@ -33,8 +36,9 @@ class ReducedSimulation(Simulation):
     """The ``sync`` schedule with reduced slots instead of each learner's ledger."""
 
     def __init__(self, *, reduction_codec: str | None = None, shards: int | None = None, q: float = 0.5,
-                 liar: float | None = None, **kw) -> None:
-        """``liar``: learner 0 publishes every shard it reduces times this factor (its checker may catch it)."""
+                 liar: float | None = None, negate: int = 0, **kw) -> None:
+        """``liar``: learner 0 publishes every shard it reduces times this factor (its checker may catch it);
+        ``negate``: the last ``negate`` learners publish −10⁴ × their update every round."""
         super().__init__("sync", **kw)
         self.codec = kw["codec"]
         first = self.learners[0]
@@ -43,6 +47,7 @@ class ReducedSimulation(Simulation):
         self.net = ReducedNet(len(self.learners), shapes, params, self.ledger_config, codec=self.codec,
                               reduction_codec=reduction_codec, shards=shards, q=q, seed=kw.get("seed", 0))
         self.liars = {self.net.peers[0]: liar} if liar is not None else None
+        self.hostile = set(range(len(self.learners) - negate, len(self.learners)))
         self.reports = []
 
     def run(self, rounds: int) -> dict:
@@ -53,13 +58,17 @@ class ReducedSimulation(Simulation):
                 ln.loop.set_params(theta)
                 ln.loop.run(self.H)
                 local = ln.loop.params
-                payload, _ = ln.feedback.compress({k: np.asarray(theta[k] - local[k], np.float32) for k in local})
+                delta = {k: np.asarray(theta[k] - local[k], np.float32) for k in local}
+                if ln.index in self.hostile:
+                    payload = encode_tensors({k: np.float32(-1e4) * d for k, d in delta.items()}, self.codec)
+                else:
+                    payload, _ = ln.feedback.compress(delta)
                 updates.append((peer, payload, self.net.slot, self.H * self.tokens_per_batch, self.H))
             self.reports.append(self.net.close(updates, liars=self.liars))
         if not self.net.agree():
             raise AssertionError("reduced replicas disagree")
         bpb = [ln.loop.evaluate(self.heldout, params=self.net.replicas[p].params())
-               for ln, p in zip(self.learners, self.net.peers, strict=True)]
+               for ln, p in zip(self.learners, self.net.peers, strict=True) if ln.index not in self.hostile]
         tokens = sum(ln.loop.step for ln in self.learners) * self.tokens_per_batch
         return {"mode": "reduced", "bpb": float(np.mean(bpb)), "spread": float(np.ptp(bpb)), "tokens": tokens,
                 "caught": [slot for slot, rep in enumerate(self.reports, 1) if rep.caught]}
@@ -75,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--q", type=float, default=0.5, help="a checker's share of a shard's pieces (default 0.5)")
     p.add_argument("--liar", type=float, default=None, metavar="FACTOR",
                    help="learner 0 publishes the shards it reduces times FACTOR (e.g. -1) until it is caught")
+    p.add_argument("--negate", type=int, default=0, metavar="K",
+                   help="the last K learners publish -10^4 x their update every round; compared with the others alone")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. data.data_seed=1")
@@ -85,24 +96,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = dict(workers=a.workers, inner_steps=a.inner_steps, speeds=[1.0] * a.workers, latency=2, codec="int4",
                   seed=0, config=preset(a.model).with_overrides_from_strings(a.set))
     rows = {}
-    for name in ("all-to-all", "reduced"):
+    attacked = a.liar is not None or a.negate > 0
+    runs = ("reduced", "attacked") if attacked else ("all-to-all", "reduced")
+    for name in runs:
         started = time.perf_counter()
-        sim = Simulation("sync", **common) if name == "all-to-all" else \
-            ReducedSimulation(reduction_codec=a.reduction_codec, shards=a.shards, q=a.q, liar=a.liar, **common)
+        if name == "all-to-all":
+            sim = Simulation("sync", **common)
+        elif name == "reduced":  # with an attack: the honest learners alone
+            honest = dict(common, workers=a.workers - a.negate, speeds=[1.0] * (a.workers - a.negate))
+            sim = ReducedSimulation(reduction_codec=a.reduction_codec, shards=a.shards, q=a.q, **honest)
+        else:
+            sim = ReducedSimulation(reduction_codec=a.reduction_codec, shards=a.shards, q=a.q, liar=a.liar,
+                                    negate=a.negate, **common)
         r = sim.run(a.rounds)
         rows[name] = {"bpb": r["bpb"], "tokens": r["tokens"], "spread": r["spread"], "caught": r.get("caught"),
                       "seconds": round(time.perf_counter() - started)}
         print(f"{name:10s} held-out {r['bpb']:.4f} bits/byte at {r['tokens']:,} tokens "
               f"(replicas' spread {r['spread']:.1e}, {rows[name]['seconds']} s)", flush=True)
-    ratio = rows["reduced"]["bpb"] / rows["all-to-all"]["bpb"]
-    print(f"reduced ÷ all-to-all at equal tokens: {ratio:.4f} ({a.workers} learners, H={a.inner_steps}, "
-          f"{a.rounds} rounds, reductions in {a.reduction_codec}"
-          + (f", a liar ×{a.liar} caught at slots {rows['reduced']['caught']}" if a.liar is not None else "") + ")",
-          flush=True)
+    first, second = runs[1], runs[0]
+    ratio = rows[first]["bpb"] / rows[second]["bpb"]
+    what = f"{first} ÷ {'honest only' if attacked else second}"
+    print(f"{what}, the honest learners' held-out after equal rounds: {ratio:.4f} ({a.workers} learners, "
+          f"H={a.inner_steps}, {a.rounds} rounds, reductions in {a.reduction_codec}"
+          + (f", an aggregator ×{a.liar} caught at slots {rows['attacked']['caught']}" if a.liar is not None else "")
+          + (f", {a.negate} negating" if a.negate else "") + ")", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "ratio": ratio, "workers": a.workers, "rounds": a.rounds,
-                       "reduction_codec": a.reduction_codec}, f, indent=2)
+            json.dump({"rows": rows, "ratio": ratio, "workers": a.workers, "rounds": a.rounds, "liar": a.liar,
+                       "negate": a.negate, "reduction_codec": a.reduction_codec}, f, indent=2)
     return 0
 
 

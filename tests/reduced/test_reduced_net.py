@@ -34,13 +34,13 @@ def _net(n=6, **kw):
     return ReducedNet(n, SHAPES, params, LedgerConfig(window=2), **kw)
 
 
-def _run(rounds=3, dead_at=None, liar_at=None, **kw):
+def _run(rounds=3, dead_at=None, liar_at=None, factor=-1.0, **kw):
     net = _net(**kw)
     reports = []
     for r, updates in enumerate(_updates(net, rounds)):
         eligible = sorted(net.eligible - net.excluded)
         dead = [reducers(net.slot + 1, 1, eligible)[0]] if r == dead_at else []
-        liars = {reducers(net.slot + 1, 2, eligible)[0]: -1.0} if r == liar_at else None
+        liars = {reducers(net.slot + 1, 2, eligible)[0]: factor} if r == liar_at else None
         updates = [(p, data, net.slot, t, s) for p, data, _, t, s in updates]
         reports.append(net.close(updates, dead=dead, liars=liars))
     return net, reports
@@ -67,6 +67,13 @@ def test_a_dead_aggregators_successor_and_a_caught_liar_leave_the_honest_bits():
     assert dead.agree() and lied.agree()
     digests = {next(iter(n.replicas.values())).digest() for n in (honest, dead, lied)}
     assert len(digests) == 1
+
+
+def test_a_shard_past_the_headers_norm_bound_is_refused_by_every_node():
+    honest, _ = _run()
+    lied, reports = _run(liar_at=1, factor=100.0, q=0.0)  # no check: the bound alone refuses it
+    assert reports[1].refused and not reports[1].caught and lied.excluded == {reports[1].refused[0][1]}
+    assert next(iter(lied.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
 
 
 def test_an_uncaught_liar_moves_the_model_and_the_replicas_still_agree():
