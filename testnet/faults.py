@@ -2,7 +2,8 @@
 
 A `FaultPlan` is a pure value: built from the CLI flags and a seed by `make_plan`, printable
 (`describe()`), serializable (`to_dict` / `from_dict`), and free of I/O and clocks, so the supervisor
-(`testnet.supervisor`), the report (`testnet.report`) and a discrete-event simulator all read the same
+(`testnet.supervisor`), the report (`testnet.report`), the discrete-event simulator
+(`testnet.sim.faults.from_testnet_plan`) and the in-memory gossip network (`SimNet.follow`) all read the same
 object. Times are seconds from the moment the plan's clock starts: in `diloco-testnet`, when every node first
 trains if the plan has faults (`has_faults`), else when the testnet launches its nodes.
 
@@ -246,13 +247,6 @@ class FaultPlan:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"not a fault plan: {e!r}") from None
-
-    def to_sim(self) -> Any:
-        """The kills as a `testnet.sim.SimPlan` (interrupt learner `node` at `at`)."""
-        from testnet.sim.faults import Fault, SimPlan
-
-        return SimPlan([Fault(time=k.at, group=k.node) for k in self.kills])
-
 
 def _kill_schedule(nodes: int, duration: float, every: float, downtime: float, first: float,
                    settle: float, rng: random.Random) -> tuple[Kill, ...]:

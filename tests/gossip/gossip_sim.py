@@ -30,6 +30,7 @@ from protocol.gossip import (
 from protocol.identity import Identity
 from protocol.messages import PeerInfo, UpdateHeader
 from protocol.seen import SeqnoSource
+from testnet.faults import FaultPlan
 
 RUN = "sim-run"
 T0 = 1_800_000_000.0  # Unix time: seqnos and replay windows need a plausible clock
@@ -145,8 +146,13 @@ class SimNet:
             if frozenset((a, b)) in self.blocked:
                 self.close(conn, notify=(a, b))
 
-    def heal(self) -> None:
-        self.blocked.clear()
+    def heal(self, *groups: list[int]) -> None:
+        """Routes between `groups` open again (every route, without groups)."""
+        if not groups:
+            self.blocked.clear()
+        for g, group in enumerate(groups):
+            for other in groups[g + 1 :]:
+                self.blocked -= {frozenset((a, b)) for a in group for b in other}
 
     def crash(self, i: int) -> None:
         """The node stops: nothing more from it, and nobody is told (half-open connections)."""
@@ -168,6 +174,24 @@ class SimNet:
             router.blob_stored(name, self.now)
 
     # ---- driving ----------------------------------------------------------------------------------
+
+    def follow(self, plan: FaultPlan) -> None:
+        """Play `plan` from now to its end, heartbeat by heartbeat: the testnet's fault vocabulary
+        (`testnet.faults`, which the supervisor and the simulator also read). A kill is a crash, its
+        restart keeps the node's key and blobs; partitions cut and heal their two sides."""
+        start = self.now
+        for action in plan.actions():
+            while self.now + self.config.heartbeat_s <= start + action.at:
+                self.tick()
+            if action.kind == "kill":
+                self.crash(action.node)
+            elif action.kind == "restart":
+                self.restart(action.node)
+            elif action.partition is not None:
+                sides = list(action.partition.side_a), list(action.partition.side_b)
+                (self.partition if action.kind == "partition" else self.heal)(*sides)
+        while self.now + self.config.heartbeat_s <= start + plan.duration:
+            self.tick()
 
     def publish(self, i: int, payload: bytes) -> bytes:
         node = self.nodes[i]

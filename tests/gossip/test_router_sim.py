@@ -13,6 +13,7 @@ from protocol.errors import Reason
 from protocol.gossip import Disconnect, Fetch, Reject
 from protocol.identity import Identity
 from protocol.messages import Goodbye, PeerExchange, PeerInfo, Signed, StateManifest
+from testnet.faults import FaultPlan, Kill, Partition, make_plan
 
 FAST = dict(heartbeat_s=1.0, heartbeat_timeout_s=3.5)
 
@@ -93,13 +94,9 @@ def test_crashed_nodes_are_detected_by_heartbeat_timeout_and_the_rest_keep_deliv
 
 def test_restarted_node_with_the_same_key_rejoins() -> None:
     net = formed(6)
-    net.crash(4)
-    for _ in range(5):
-        net.tick()
+    net.follow(FaultPlan(nodes=6, duration=5.0, kills=(Kill(0.0, 4, 5.0),)))  # the testnet's vocabulary
     assert all(net.nodes[4].peer_id not in n.router.peers for n in net.live())
-    net.restart(4)
-    for _ in range(3):
-        net.tick()
+    net.follow(FaultPlan(nodes=6, duration=3.0))
     back = net.nodes[4]
     assert len(back.router.peers) == 5
     assert sum(back.peer_id in n.router.peers for n in net.nodes) == 5
@@ -367,6 +364,17 @@ def test_a_healed_partition_reconverges_within_bounded_heartbeats() -> None:
         assert len(ids) == len(set(ids)), "each update delivered once"
         assert all(d.blob in node.blobs for d in node.delivered), "every blob was fetched"
     assert not [r for n in net.nodes for r in n.rejects if r.reason is not Reason.DUPLICATE]
+
+
+def test_a_testnet_fault_plan_of_kills_and_a_partition_ends_with_every_update_everywhere() -> None:
+    net = formed(8, **HEAL)
+    plan = make_plan(nodes=8, duration=40.0, seed=2, kill_every=8.0, downtime=4.0, settle=10.0,
+                     partitions=[Partition(10.0, 22.0, (0, 1, 2, 3), (4, 5, 6, 7))])
+    assert plan.kills and plan.partitions
+    net.follow(plan)
+    origin = {net.publish(i, os.urandom(256)): i for i in range(8)}
+    net.follow(FaultPlan(nodes=8, duration=10.0))
+    assert net.overlay_connected() and _missing(net, origin) == 0
 
 
 def test_anti_entropy_splits_large_announcements_and_skips_evicted_blobs() -> None:

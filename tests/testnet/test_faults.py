@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testnet.faults import FaultPlan, Kill, Partition, PlanError, make_plan, parse_misbehave, parse_partition, parse_slow
+from testnet.sim.faults import from_testnet_plan
 
 
 def test_same_seed_same_plan_and_different_seed_differs() -> None:
@@ -91,8 +92,10 @@ def test_flag_parsers() -> None:
 
 def test_plan_feeds_the_simulator() -> None:
     plan = make_plan(nodes=4, duration=300, seed=3, kill_every=30, downtime=15)
-    sim = plan.to_sim()
-    assert [(f.time, f.group) for f in sim] == [(k.at, k.node) for k in plan.kills]
+    faults, speeds = from_testnet_plan(plan)
+    assert [(f.time, f.group, f.downtime, f.whole_group) for f in faults] == [
+        (k.at, k.node, k.downtime, True) for k in plan.kills]
+    assert speeds == ()
 
 
 def test_describe_mentions_every_fault() -> None:
