@@ -458,8 +458,8 @@ class NodeRuntime:
                 self.feedback.reset()
             own = drain_state(self.replica.agreement_hex())
             self._progress(own)
-            graylist = self.host.router.config.score.graylist  # peers we no longer gossip with: not waited for
-            peers = [PeerView(p.peer_id, p.state, p.slot, p.round) for p in self.host.peers() if p.score >= graylist]
+            # peers we no longer gossip with (graylisted) are not waited for
+            peers = [PeerView(p.peer_id, p.state, p.slot, p.round) for p in self.host.gossip_peers()]
             decision = tracker.update(trio.current_time(), own, peers)
             for peer, state in tracker.diverged(trio.current_time(), 3 * s.heartbeat_s):
                 if (peer, state) not in self._repaired:

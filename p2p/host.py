@@ -27,7 +27,8 @@ import logging
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +156,37 @@ class Host(PeerLinks, BlobFetching):
         name = await trio.to_thread.run_sync(self.store.put_file, path)
         self._execute(self.router.blob_stored(name, self.now()))
         return name
+
+    def remove_blob(self, name: str) -> None:
+        """Delete a blob and stop serving and announcing it: the one way a blob leaves this node (absent
+        ones are ignored; one kept by a reader goes at its release, `BlobStore.remove`)."""
+        self.store.remove(name)
+        self.router.forget_blob(name)
+
+    def holds_blob(self, name: str) -> bool:
+        return self.store.has(name)
+
+    def blob_path(self, name: str) -> Path:
+        """The file of a stored blob (raises KeyError when it is not stored)."""
+        return self.store.path(name)
+
+    def kept_blobs(self, names: Iterable[str]) -> AbstractContextManager[None]:
+        """Blobs `names` stay readable while the block runs, even if removed meanwhile."""
+        return self.store.kept(names)
+
+    def awaits_blob(self, name: str) -> bool:
+        """Whether the gossip router is fetching this blob for a header it holds."""
+        return self.router.pending.get(name) is not None
+
+    def check_accepted(self, signed: Signed) -> None:
+        """Raise as the router would refuse `signed` arriving by gossip (the run's admission: PROTOCOL.md §7b)."""
+        if self.router.accept is not None:
+            self.router.accept(signed)
+
+    def gossip_peers(self) -> list[PeerStatus]:
+        """The peers we still gossip with: scored above the graylist (`peers`, less the graylisted)."""
+        graylist = self.router.config.score.graylist
+        return [p for p in self.peers() if p.score >= graylist]
 
     async def publish_update(
         self,

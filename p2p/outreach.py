@@ -43,7 +43,7 @@ class Outreach:
         for peer, url in self.prober.due(now):
             nursery.start_soon(self.prober.ask, peer, url)
         for name in self.pushes.sweep(now):
-            self.host.router.forget_blob(name)
+            self.host.remove_blob(name)
             log.info("removed blob %s: pushed, and no header named it in time", name[:12])
 
     def delivered(self, blob: str) -> None:

@@ -287,7 +287,7 @@ class Rounds:
             codec=self.settings.compression, shapes=shapes_field(self.shapes))
         lap("publish")
         meta = update_meta(signed)
-        stored = Payload(self.feedback.codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+        stored = Payload(self.feedback.codec, map_blob(self.host.blob_path(signed.body.payload_sha256.hex())))
         stored_deltas = PayloadDeltas.measured(stored, self.shapes, norms)  # measured while compressing
         outcome, _ = await self.replica.add(meta, stored_deltas, stored, proof_of(signed))
         lap("ledger_add")
@@ -434,7 +434,7 @@ class Rounds:
         """Add an update this node published besides its round's (`--misbehave`) from its stored blob, as
         every peer does; a refusal (e.g. poison:tokens' claim, refused here as by every peer) is logged."""
         meta = update_meta(signed)
-        stored = Payload(codec, map_blob(self.host.store.path(signed.body.payload_sha256.hex())))
+        stored = Payload(codec, map_blob(self.host.blob_path(signed.body.payload_sha256.hex())))
         try:
             outcome, _ = await self.replica.add(meta, PayloadDeltas(stored, self.shapes), stored, proof_of(signed))
         except RemoteProtocolError as exc:

@@ -282,5 +282,4 @@ class BetweenRounds:
         with self.stats.timed("blob_gc"):
             surplus = [b for b in self.replica.take_dropped_blobs() if b not in self.blobs.pinned]
             for blob in [*self.blobs.due(self.replica.slot - 2 * self.replica.config.window), *surplus]:
-                self.host.store.remove(blob)
-                self.host.router.forget_blob(blob)
+                self.host.remove_blob(blob)

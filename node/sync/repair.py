@@ -112,7 +112,7 @@ async def _add_pulled(host: Host, replica: Replica, peer: str, meta: StateMeta,
     if not wanted:
         return 0, ()
     added = 0
-    with host.store.kept(e.blob for e in wanted):  # readable until each is decoded (mapped)
+    with host.kept_blobs(e.blob for e in wanted):  # readable until each is decoded (mapped)
         try:
             paths, fetched = await fetch_payloads(host, wanted, [peer, *(p for p in host.connected_peers()
                                                                          if p != peer)])

@@ -252,17 +252,16 @@ async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
     blob, size = refs[META_BLOB]
     if size > MAX_META_BYTES:
         raise RemoteProtocolError(Reason.OVERSIZED, f"meta of {size} bytes")
-    had = host.store.has(blob)
+    had = host.holds_blob(blob)
     try:
-        with host.store.kept([blob]):
+        with host.kept_blobs([blob]):
             path = await host.fetch_blob(blob, size, [manifest.origin])
             data = await trio.to_thread.run_sync(path.read_bytes)
     except OSError as exc:
         raise TransportError(f"meta {blob[:12]}: {exc}", peer=manifest.origin) from exc
     finally:
         if not had:
-            host.store.remove(blob)
-            host.router.forget_blob(blob)
+            host.remove_blob(blob)
 
     def check() -> StateMeta:
         meta = StateMeta.from_bytes(data)
@@ -272,12 +271,10 @@ async def fetch_meta(host: Host, manifest: StateManifest, config: LedgerConfig,
             raise RemoteProtocolError(Reason.BAD_STATE, "tensor names or shapes differ from the local model")
         verify_meta(meta, manifest.slot, manifest.ledger_digest, manifest.params_digest)
         check_origin_places(((e.slot, e.meta) for e in meta.entries), config.max_updates_per_origin)
-        accept = host.router.accept
         for entry in meta.entries:  # every entry as its origin signed it, and as this node would accept it
             signed = check_entry(host.config.run_id, entry.meta, entry.codec, entry.blob, entry.size, meta.shapes,
                                  entry.proof)
-            if accept is not None:
-                accept(signed)
+            host.check_accepted(signed)
         return meta
 
     return await trio.to_thread.run_sync(check)
@@ -296,7 +293,7 @@ async def fetch_payloads(host: Host, entries: Sequence[MetaEntry], peers: Sequen
 
     async def one(k: int, blob: str, size: int) -> None:
         async with limit:
-            had = host.store.has(blob)
+            had = host.holds_blob(blob)
             order = [*peers[k % len(peers):], *peers[:k % len(peers)]] if peers else []
             try:
                 paths[blob] = await host.fetch_blob(blob, size, order)
@@ -318,9 +315,8 @@ async def fetch_payloads(host: Host, entries: Sequence[MetaEntry], peers: Sequen
 def forget(host: Host, blobs: set[str]) -> None:
     """Remove blobs fetched for a download that failed (not one the gossip router now waits for)."""
     for blob in blobs:
-        if host.router.pending.get(blob) is None:
-            host.store.remove(blob)
-            host.router.forget_blob(blob)
+        if not host.awaits_blob(blob):
+            host.remove_blob(blob)
 
 
 @dataclass(frozen=True)
@@ -397,7 +393,7 @@ async def download_state(host: Host, manifests: Sequence[StateManifest], config:
                          download.resumed, len(download.pieces))
             await fetch_bottom(download, donors, host, per_donor=per_donor, on_piece=on_piece)
             others = [p for p in host.connected_peers() if p not in {d.peer for d in donors}]
-            with host.store.kept(e.blob for e in meta.entries):  # readable until `load` has mapped them
+            with host.kept_blobs(e.blob for e in meta.entries):  # readable until `load` has mapped them
                 paths, fetched = await fetch_payloads(host, meta.entries, [*(d.peer for d in donors), *others])
                 try:
                     ledger = await trio.to_thread.run_sync(load, meta, download, paths, manifest, config, shapes,

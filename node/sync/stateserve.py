@@ -180,7 +180,7 @@ class StateServer:
         assert replica is not None
         async with self._lock:
             version = replica.version
-            if self._cached is not None and self._cached[0] == version and self.host.store.has(self._metas[-1][0]):
+            if self._cached is not None and self._cached[0] == version and self.host.holds_blob(self._metas[-1][0]):
                 return self._cached[1]
             served = await replica.served_state(self.bottoms.has)
             if served.bottom is not None:
@@ -217,7 +217,7 @@ class StateServer:
     async def _payload_blob(self, entry: SnapshotEntry) -> tuple[Codec, str, int]:
         """(codec, blob, size) of an entry's payload, put into the store if not there (cached per id)."""
         known = self._payloads.get(entry.meta.update_id)
-        if known is not None and self.host.store.has(known[1]):
+        if known is not None and self.host.holds_blob(known[1]):
             return known
         if entry.payload is not None:
             codec, data = entry.payload.codec, entry.payload.data
@@ -225,7 +225,7 @@ class StateServer:
             codec = Codec.FP32
             data = await trio.to_thread.run_sync(encode_tensors, dict(entry.deltas), Codec.FP32)
         name = await trio.to_thread.run_sync(blob_hex, data)
-        if not self.host.store.has(name):
+        if not self.host.holds_blob(name):
             await self.host.add_blob(data)
             self._added.add(name)
         self._payloads[entry.meta.update_id] = (codec, name, len(data))
@@ -245,5 +245,4 @@ class StateServer:
         self._payloads = {i: ref for i, ref in self._payloads.items() if ref[1] in listed}
 
     def _forget(self, blob: str) -> None:
-        self.host.store.remove(blob)
-        self.host.router.forget_blob(blob)
+        self.host.remove_blob(blob)

@@ -233,7 +233,7 @@ async def update_intake(tmp: Path, updates: int, mib: int, repeats: int, timeout
                     received[kind] += 1
                     got_bytes[kind] += delivery.body.payload_size
                     if delivery.blob is not None:  # done with it (the node would apply it): free the disk
-                        host.store.remove(delivery.body.payload_sha256.hex())
+                        host.remove_blob(delivery.body.payload_sha256.hex())
 
         remote = {} if child is None else await child.ask("publishers", split.remote_host, tmp / "remote")
         for kind in KINDS:

@@ -53,8 +53,8 @@ def _parts(tmp: Path, settings: dict) -> dict:
     ledger = Ledger({n: np.ones(sh, np.float32) for n, sh in SHAPES.items()}, LedgerConfig(window=s.window))
     checkpoints = CheckpointDir(tmp / "ckpt", keep=10, expect={"run_id": "r", "peer_id": "p"})
     # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
-    host = types.SimpleNamespace(store=BlobStore(tmp / "blobs"), config=types.SimpleNamespace(run_config=""),
-                                 router=types.SimpleNamespace(forget_blob=lambda blob: None))
+    store = BlobStore(tmp / "blobs")
+    host = types.SimpleNamespace(store=store, config=types.SimpleNamespace(run_config=""), remove_blob=store.remove)
     return dict(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
                 stats=NodeStats("p"), checkpoints=checkpoints, blobs=HeldBlobs())
 
