@@ -12,7 +12,7 @@ proves the lie: every replica replaces the shard and replays its window, and the
 
 Counting: a gossiped record (header, commitment, seal, partials, reduction) reaches every other node once
 and each node forwards, on average, what it receives (the mesh's steady state), so it counts once in and
-once out per node; a fetched range (raw pieces, a reduced shard) counts in at the fetcher and out at the
+once out per node (a carried update's header counts once, in the slot it was published); a fetched range (raw pieces, a reduced shard) counts in at the fetcher and out at the
 server. All-to-all, counted the same way over the same updates, is every node fetching every other
 payload.
 """
@@ -57,6 +57,7 @@ class SlotReport:
     all_to_all_in: Counter = field(default_factory=Counter)  # node -> bytes in, all-to-all
     all_to_all_out: Counter = field(default_factory=Counter)
     sealed: int = 0
+    carried: int = 0  # updates no seal of this slot holds (late, or past the cap): placed in the next slot
     screen_rounds: int = 0
     fall_backs: int = 0
     caught: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar) a check caught
@@ -84,6 +85,7 @@ class ReducedNet:
         self.eligible = set(self.peers)
         self.excluded: set[str] = set()
         self.slot = 0
+        self.carried: dict[bytes, tuple[Commitment, bytes]] = {}  # unsealed: candidates of the next slot
         self.rng = np.random.default_rng(seed)
 
     # -- contributors ------------------------------------------------------------------------------
@@ -97,16 +99,18 @@ class ReducedNet:
         return meta, data, Commitment(record, meta, self.plan), len(wire.encode(signed)) + record.size
 
     # -- one slot ----------------------------------------------------------------------------------
-    def close(self, updates: Iterable[tuple[str, bytes, int, int, int]], *,
-              dead: Sequence[str] = (), liars: Mapping[str, float] | None = None) -> SlotReport:
+    def close(self, updates: Iterable[tuple[str, bytes, int, int, int]], *, dead: Sequence[str] = (),
+              liars: Mapping[str, float] | None = None, late: Iterable[str] = ()) -> SlotReport:
         """Close the next slot over ``updates`` ((peer, payload in the run's codec, base slot, tokens, inner
-        steps), each taken as it comes, so a large run never holds every update's values). ``dead`` nodes take
-        no role this slot; a liar's reductions are its honest ones times its factor."""
+        steps), each taken as it comes, so a large run never holds every update's values) and the updates
+        earlier slots carried. ``dead`` nodes take no role this slot; a liar's reductions are its honest ones
+        times its factor; the updates of ``late`` peers reach the sealer after it sealed. An update no seal holds
+        (late, or past the cap) is carried: a candidate of the next slot, one slot staler."""
         liars = dict(liars or {})
-        dead = set(dead)
-        published = {u[0]: self._publish(*u) for u in updates}
+        dead, late = set(dead), set(late)
+        published = [self._publish(*u) for u in updates]
         slot = self.slot + 1
-        report = SlotReport(slot, max(len(d) for _, d, _, _ in published.values()))
+        report = SlotReport(slot, max(len(d) for _, d, _, _ in published))
 
         def gossip(kind: str, size: int, author: str | None = None) -> None:
             for p in self.peers:
@@ -121,22 +125,25 @@ class ReducedNet:
                 report.sent[server] += size
                 report.by_kind[kind] += size
 
-        for p, (_, data, _, size) in published.items():
-            gossip("headers", size, p)
+        for meta, data, _, size in published:
+            gossip("headers", size, meta.origin)
             for q_ in self.peers:  # all-to-all over the same updates
-                if q_ != p:
+                if q_ != meta.origin:
                     report.all_to_all_in[q_] += len(data)
-                    report.all_to_all_out[p] += len(data)
+                    report.all_to_all_out[meta.origin] += len(data)
 
-        # seal
+        # seal: what the sealer holds, carried updates included (a cap ranks them all alike)
+        candidates = dict(self.carried)
+        candidates.update((c.meta.update_id, (c, data)) for meta, data, c, _ in published if meta.origin not in late)
         eligible = sorted(self.eligible - self.excluded)
         sealer = next(p for p in sealers(slot, eligible) if p not in dead)
-        record = make_seal(self.by_peer[sealer], slot, [c.meta.update_id for _, _, c, _ in published.values()], self.cap)
+        record = make_seal(self.by_peer[sealer], slot, list(candidates), self.cap)
         seal = winning_seal([Seal.read(record, eligible, self.cap)], eligible)
         gossip("seals", record.size, sealer)
-        commitments = {c.meta.update_id: (c, data) for _, data, c, _ in published.values()}
-        sealed = {i: commitments[i] for i in seal.ids}
-        report.sealed = len(sealed)
+        sealed = {i: candidates[i] for i in seal.ids}
+        self.carried = {i: cd for i, cd in candidates.items() if i not in sealed}
+        self.carried.update((c.meta.update_id, (c, data)) for meta, data, c, _ in published if meta.origin in late)
+        report.sealed, report.carried = len(sealed), len(self.carried)
         entries = [header_entry(c, self.plan, slot, self.config) for c, _ in sealed.values()]
 
         # every shard's raw pieces, at its aggregator (the first live one of its order)

@@ -90,6 +90,19 @@ def test_a_flood_of_contributors_is_capped_by_the_seal():
     assert rep.sealed == 4 and net.agree()
 
 
+def test_late_and_capped_updates_are_carried_into_the_next_slot_one_slot_staler():
+    on_time, late = _net(cap=5), _net(cap=5)
+    first, second = _updates(on_time, 2)
+    reports = []
+    for net, behind in ((on_time, []), (late, late.peers[:2])):
+        reports.append(net.close(first, late=behind))
+        reports.append(net.close([(p, d, 1, t, s) for p, d, _, t, s in second]))
+        assert net.agree()
+    assert [(r.sealed, r.carried) for r in reports] == [(5, 1), (5, 2), (4, 2), (5, 3)]
+    digests = {next(iter(net.replicas.values())).digest() for net in (on_time, late)}
+    assert len(digests) == 2  # the carried updates count, one slot staler
+
+
 def test_the_traffic_benchmark_writes_its_rows(tmp_path, capsys):
     out = tmp_path / "traffic.json"
     assert traffic.main(["--nodes", "4", "8", "--rounds", "2", "--pieces", "2", "--json", str(out)]) == 0
