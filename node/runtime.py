@@ -466,10 +466,8 @@ class NodeRuntime:
                     self._repaired.add((peer, state))
                     await self._repair(peer)
             if decision.done:
-                agreed = decision.why in ("agreed", "alone")
-                log.log(logging.INFO if agreed else logging.WARNING, "drain done (%s)%s", decision.why,
-                        f"; peers not agreeing: {list(decision.waiting_for)}" if decision.waiting_for else "")
-                return agreed
+                log.log(logging.INFO if decision.agreed else logging.WARNING, "%s", decision.describe())
+                return decision.agreed
             await self.wait_change(trio.current_time() + s.heartbeat_s / 2)
         return False
 

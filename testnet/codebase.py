@@ -27,7 +27,7 @@ __all__ = ["KNOWN_LONG", "MAX_LINES", "PACKAGES", "Finding", "check", "main"]
 MAX_LINES = 500
 # modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50): the two
 # sans-IO state machines and the node's wiring
-KNOWN_LONG = {"protocol/gossip/router.py": 535, "protocol/ledger/ledger.py": 535, "node/runtime.py": 502}
+KNOWN_LONG = {"protocol/gossip/router.py": 525, "protocol/ledger/ledger.py": 535}
 PACKAGES = ("protocol", "p2p", "node", "diloco", "testnet")
 ALLOWED = {"protocol": set(), "p2p": {"protocol"}, "node": {"protocol", "p2p"},
            "diloco": {"protocol", "p2p", "node"}, "testnet": {"protocol", "p2p", "node", "diloco"}}

@@ -63,6 +63,13 @@ class DrainDecision:
     why: str  # "agreed", "alone", "quiet-timeout", "time-limit" or "waiting"
     waiting_for: tuple[str, ...]  # peers not (yet) draining with our hash
 
+    @property
+    def agreed(self) -> bool:
+        return self.why in ("agreed", "alone")
+
+    def describe(self) -> str:
+        return f"drain done ({self.why})" + (f"; peers not agreeing: {list(self.waiting_for)}" if self.waiting_for else "")
+
 
 class DrainTracker:
     """Decides when a draining node stops waiting (see the module docstring)."""

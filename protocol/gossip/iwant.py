@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
-__all__ = ["IWantBudget", "WantPacer"]
+__all__ = ["AskedIds", "IWantBudget", "WantPacer"]
 
 
 class IWantBudget:
@@ -86,3 +86,37 @@ class WantPacer:
 
     def forget_peer(self, peer: str) -> None:
         self._waiting.pop(peer, None)
+
+
+class AskedIds:
+    """The ids we asked for with IWANT and have not received, each with the peers that announced it: the one
+    asked first, then others to try when the message comes as a header (they hold its blob). An id is asked
+    again only after `timeout_s`; `expire` forgets what is older."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._asked: dict[bytes, float] = {}  # id -> when asked
+        self._announcers: dict[bytes, list[str]] = {}  # id -> peers that announced it, the asked one first
+
+    def __contains__(self, message_id: bytes) -> bool:
+        return message_id in self._asked
+
+    def may_ask(self, message_id: bytes, now: float) -> bool:
+        return self._asked.get(message_id, -1e18) < now - self.timeout_s
+
+    def ask(self, message_id: bytes, peer: str, now: float) -> None:
+        self._asked[message_id] = now
+        self._announcers[message_id] = [peer]
+
+    def announced(self, message_id: bytes, peer: str) -> None:
+        """`peer` announced an id asked elsewhere: a second holder to remember."""
+        holders = self._announcers.setdefault(message_id, [])
+        if peer not in holders:
+            holders.append(peer)
+
+    def take_announcers(self, message_id: bytes) -> list[str]:
+        return self._announcers.pop(message_id, [])
+
+    def expire(self, now: float) -> None:
+        self._asked = {i: t for i, t in self._asked.items() if t >= now - self.timeout_s}
+        self._announcers = {i: a for i, a in self._announcers.items() if i in self._asked}

@@ -65,7 +65,8 @@ from protocol.gossip.backoff import DialSchedule
 from protocol.gossip.config import GossipConfig
 from protocol.gossip.dialer import Dialer
 from protocol.gossip.fetches import PendingBlobs
-from protocol.gossip.iwant import IWantBudget, WantPacer
+from protocol.gossip.iwant import AskedIds, IWantBudget, WantPacer
+from protocol.gossip.manifests import WaitingManifests, holds_blobs
 from protocol.gossip.mcache import MessageCache
 from protocol.gossip.mesh import gossip_targets, plan_mesh
 from protocol.gossip.peers import PeerState, PeerTable
@@ -88,7 +89,6 @@ from protocol.messages import (
 from protocol.validation import Validator
 
 AcceptHook = Callable[[Signed], None]  # raises RemoteProtocolError to refuse a message
-MAX_WAITING_MANIFESTS = 64
 
 
 class Router:
@@ -121,11 +121,10 @@ class Router:
         self.local_blobs: set[str] = set()
         self.pending = PendingBlobs(config.max_fetches_per_holder)
         self.dialer = Dialer(config, self.bootstrap, self.dials)
-        self._iwant_asked: dict[bytes, float] = {}
+        self.asked = AskedIds(config.iwant_timeout_s)
         self.iwants = IWantBudget(config.iwant_budget, config.heartbeat_s, config.mcache_windows)
         self.wants = WantPacer(config.iwant_budget // 2, 4 * config.max_ihave_ids)  # waiting: ~64 KiB a peer
-        self._announcers: dict[bytes, list[str]] = {}  # IHAVEs for ids asked but not yet received
-        self._waiting_manifests: dict[bytes, tuple[Signed, str]] = {}  # delivered, blobs not all here
+        self.manifests = WaitingManifests()  # delivered, blobs not all here: forwarded once they are
         self._heartbeats = 0
         self.progress = (0, 0, "")  # slot, round, state: sent in our heartbeats
 
@@ -220,7 +219,7 @@ class Router:
         except RemoteProtocolError as exc:
             if exc.reason is Reason.DUPLICATE:
                 return [Reject(peer, exc.reason, ""), *self._on_duplicate(peer, wire.decode(data), now)]
-            if exc.reason is Reason.REPLAYED and (asked := wire.signed_message_id(data)) in self._iwant_asked:
+            if exc.reason is Reason.REPLAYED and (asked := wire.signed_message_id(data)) in self.asked:
                 # we asked for it (another message under an accepted seqno, or one older than our window):
                 self.validator.seen.add(asked, now)  # not the sender's fault; do not ask again
                 return [Reject(peer, exc.reason, "asked for with IWANT")]
@@ -272,7 +271,7 @@ class Router:
                 return self._hold(message, blob, peer, {peer})
             self.pending.add(message, blob, body.payload_size, now)
             out: list[Action] = []
-            for holder in [peer, *self._announcers.pop(message.message_id, [])]:
+            for holder in [peer, *self.asked.take_announcers(message.message_id)]:
                 out += self.pending.holder(blob, holder, self.peers)
             return out
         if isinstance(body, Goodbye):
@@ -291,15 +290,10 @@ class Router:
     def _on_manifest(self, peer: str, message: Signed) -> list[Action]:
         """Deliver a manifest at once (a joiner fetches its blobs from the sender or the origin), but
         forward and announce it only while holding every blob it lists (PROTOCOL.md section 10)."""
-        if self._holds_manifest_blobs(message):
+        if holds_blobs(message, self.local_blobs):
             return self._hold(message, None, peer, {peer})
-        self._waiting_manifests[message.message_id] = (message, peer)
-        while len(self._waiting_manifests) > MAX_WAITING_MANIFESTS:
-            self._waiting_manifests.pop(next(iter(self._waiting_manifests)))
+        self.manifests.add(message, peer)
         return [Deliver(message, None, peer)]
-
-    def _holds_manifest_blobs(self, message: Signed) -> bool:
-        return all(digest.hex() in self.local_blobs for _, digest, _ in message.body.blobs)
 
     def _hold(
         self, message: Signed, blob: str | None, source: str, known_by: set[str], *, flood: bool = False,
@@ -368,15 +362,14 @@ class Router:
                 out += self.pending.holder_of_message(message_id, peer, self.peers)
             elif self.known is not None and self.known(message_id):
                 continue  # the application holds it (`known`): not asked for
-            elif self._iwant_asked.get(message_id, -1e18) < now - self.config.iwant_timeout_s:
+            elif self.asked.may_ask(message_id, now):
                 if len(wanted) >= room:
                     later.append(message_id)  # one IWANT per IHAVE, within our pace: the rest next heartbeat
                     continue
-                self._iwant_asked[message_id] = now
-                self._announcers[message_id] = [peer]
+                self.asked.ask(message_id, peer, now)
                 wanted.append(message_id)
-            elif peer not in self._announcers.setdefault(message_id, []):
-                self._announcers[message_id].append(peer)  # asked elsewhere: remember a second holder
+            else:
+                self.asked.announced(message_id, peer)  # asked elsewhere: remember a second holder
         if wanted:
             self.wants.asked(peer, len(wanted))
             out.append(Send(peer, IWant(self.config.run_id, tuple(wanted))))
@@ -409,10 +402,8 @@ class Router:
         """`blob` is now in the local store (fetched from `source`, or added locally)."""
         self.local_blobs.add(blob)
         out: list[Action] = []
-        for message_id, (manifest, sender) in list(self._waiting_manifests.items()):
-            if self._holds_manifest_blobs(manifest):  # now we can serve it: forward it on
-                del self._waiting_manifests[message_id]
-                out += self._hold(manifest, None, sender, {sender}, deliver=False)
+        for manifest, sender in self.manifests.ready(self.local_blobs):  # now we can serve it: forward it on
+            out += self._hold(manifest, None, sender, {sender}, deliver=False)
         pending, started = self.pending.done(blob, self.peers)
         if pending is None:
             return out
@@ -446,7 +437,7 @@ class Router:
             blob = message.body.payload_sha256.hex()
             if blob not in self.local_blobs:
                 raise LocalProtocolError(f"store blob {blob[:12]} before publishing its header")
-        if isinstance(message.body, StateManifest) and not self._holds_manifest_blobs(message):
+        if isinstance(message.body, StateManifest) and not holds_blobs(message, self.local_blobs):
             raise LocalProtocolError("store every blob of a manifest before publishing it")
         self.validator.mark_seen(message, now)
         return self._hold(message, blob, self.local.peer_id, set(), flood=isinstance(message.body, Goodbye))
@@ -494,8 +485,7 @@ class Router:
                 out += self._announce_held(peer)
         self.mcache.shift()
         self.iwants.shift()
-        self._iwant_asked = {i: t for i, t in self._iwant_asked.items() if t >= now - cfg.iwant_timeout_s}
-        self._announcers = {i: a for i, a in self._announcers.items() if i in self._iwant_asked}
+        self.asked.expire(now)
         for peer, ids in self.wants.due():  # wanted ids that had no room in the last heartbeat
             if peer in self.peers and not self.scores.graylisted(peer):
                 out += self._want(peer, ids, now)
