@@ -5,12 +5,13 @@ and a caught liar leave the same bits as an honest slot, a flood is capped, and 
 import json
 
 import numpy as np
+import pytest
 
 from protocol.compression import encode_tensors
 from protocol.ledger import LedgerConfig
 from protocol.ledger.chunks import CHUNK
 from protocol.reduced import reducers
-from testnet.benchmarks import traffic
+from testnet.benchmarks import reduced_quality, traffic
 from testnet.reduced_net import ReducedNet, per_update
 
 SHAPES = {"embed": (4 * CHUNK // 256, 256), "layer": (3 * CHUNK // 256 + 1, 256), "bias": (300,)}
@@ -112,3 +113,15 @@ def test_the_traffic_benchmark_writes_its_rows(tmp_path, capsys):
         assert r["all_to_all"]["in"]["mean"] == r["nodes"] - 1
         assert r["reduced"]["in"]["mean"] < 3.0 and r["agree"]
     assert "reduced slots" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_quality_benchmark_catches_a_lying_aggregator_and_carries_late_updates(tmp_path):
+    out = tmp_path / "quality.json"
+    argv = ["--workers", "3", "--rounds", "2", "--inner-steps", "2", "--liar", "-1", "--q", "1", "--late", "0.34",
+            "--json", str(out)]
+    assert reduced_quality.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["rows"]["attacked"]["caught"] == [1]  # a checker drawing every piece catches the first lie
+    assert result["rows"]["reduced"]["carried"] == result["rows"]["attacked"]["carried"] == 1
+    assert 0.5 < result["ratio"] < 2.0
