@@ -44,6 +44,7 @@ from node.metrics import MetricsSink, metrics_record
 from node.sync.repair import pull_missing
 from node.hostconfig import host_config
 from node.outer.intake import Intake
+from node.outer.parts import NodeParts
 from node.outer.replica import Replica
 from node.outer.rounds import Rounds
 from node.outer.upkeep import BetweenRounds, HeldBlobs, vet_synced_state
@@ -306,13 +307,10 @@ class NodeRuntime:
                      self.loop.learning_rate())
 
     def _start_training(self) -> None:
-        self.rounds = Rounds(
-            settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
-            stats=self.stats, policy=self.policy, shapes=self.shapes, blobs=self.blobs,
-            checkpoints=self.checkpoints, stop_requested=self.stop_requested, wait_change=self.wait_change)
-        self.upkeep = BetweenRounds(
-            settings=self.settings, host=self.host, replica=self.replica, loop=self.loop, feedback=self.feedback,
-            stats=self.stats, heldout=self.heldout, checkpoints=self.checkpoints, blobs=self.blobs)
+        parts = NodeParts(self.settings, self.host, self.replica, self.loop, self.feedback, self.stats, self.policy,
+                          self.shapes, self.blobs, self.checkpoints, self.heldout)
+        self.rounds = Rounds(parts, stop_requested=self.stop_requested, wait_change=self.wait_change)
+        self.upkeep = BetweenRounds(parts)
         self.host.store.keep(self._resume_blobs)  # until a newer checkpoint is written, the one resumed from counts
         self.blobs.pinned = self._resume_blobs
         self.state_server.serve(self.replica)
@@ -321,10 +319,8 @@ class NodeRuntime:
         self.replica.pace = self._catch_up_pace
         self.stats.state = "training"
         self._progress("training")
-        self.intake = Intake(
-            host=self.host, replica=self.replica, shapes=self.shapes, stats=self.stats, policy=self.policy,
-            peer_clock=self.rounds.peer_clock, blobs=self.blobs, inner_steps=self.settings.inner_steps,
-            compare=lambda origin: self._background.start_soon(self._repair, origin))
+        self.intake = Intake(parts, peer_clock=self.rounds.peer_clock,
+                             compare=lambda origin: self._background.start_soon(self._repair, origin))
         self._background.start_soon(self.intake.run)
         self._background.start_soon(self.replica.keep_bottom)
 

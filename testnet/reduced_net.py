@@ -7,8 +7,9 @@ shard of every sealed update (checked against the commitment), the aggregators o
 screen partials until the screen is decided, each reduces its shard and publishes it; every node fetches the
 ``S`` reduced shards, refuses one longer than the headers allow (``protocol.reduced.bounds``: its successor's
 is fetched instead, and its aggregator leaves the eligible set), and steps its replica; the checker of each shard (the next origin in the shard's order)
-re-reduces the pieces its own coin draws and, when they differ, recomputes the shard from raw pieces and
-proves the lie: every replica replaces the shard and replays its window, and the liar leaves the eligible set.
+re-reduces the pieces its own coin draws and, when they differ, signs a fraud proof; every node judges it
+from the shard's raw pieces (``protocol.reduced.fraud``): a proven liar's shard is replaced on every replica
+(its window replayed) and the liar leaves the eligible set, a false accuser leaves it instead.
 
 Counting: a gossiped record (header, commitment, seal, partials, reduction) reaches every other node once
 and each node forwards, on average, what it receives (the mesh's steady state), so it counts once in and
@@ -37,6 +38,7 @@ from protocol.reduced import (Commitment, PartialScreen, ReducedReplica, Seal, S
                               make_seal, merkle, piece_partials, reduce_pieces, reducers, sealers, slot_terms,
                               winning_seal)
 from protocol.reduced.bounds import check_reduction, reduction_bounds
+from protocol.reduced.fraud import first_difference, judge, make_fraud
 from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
 from protocol.reduced.slot import shard_leaves
 
@@ -62,6 +64,7 @@ class SlotReport:
     fall_backs: int = 0
     caught: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar) a check caught
     refused: list[tuple[int, str]] = field(default_factory=list)  # (shard, liar) past the norm bound
+    false_accusations: list[tuple[int, str]] = field(default_factory=list)  # (shard, accuser) judged wrong
 
 
 class ReducedNet:
@@ -100,13 +103,15 @@ class ReducedNet:
 
     # -- one slot ----------------------------------------------------------------------------------
     def close(self, updates: Iterable[tuple[str, bytes, int, int, int]], *, dead: Sequence[str] = (),
-              liars: Mapping[str, float] | None = None, late: Iterable[str] = ()) -> SlotReport:
+              liars: Mapping[str, float] | None = None, late: Iterable[str] = (),
+              false_checkers: Iterable[str] = ()) -> SlotReport:
         """Close the next slot over ``updates`` ((peer, payload in the run's codec, base slot, tokens, inner
         steps), each taken as it comes, so a large run never holds every update's values) and the updates
         earlier slots carried. ``dead`` nodes take no role this slot; a liar's reductions are its honest ones
         times its factor; the updates of ``late`` peers reach the sealer after it sealed. An update no seal holds
-        (late, or past the cap) is carried: a candidate of the next slot, one slot staler."""
-        liars = dict(liars or {})
+        (late, or past the cap) is carried: a candidate of the next slot, one slot staler. ``false_checkers``
+        sign a fraud proof against every shard they check, honest or not."""
+        liars, false_checkers = dict(liars or {}), set(false_checkers)
         dead, late = set(dead), set(late)
         published = [self._publish(*u) for u in updates]
         slot = self.slot + 1
@@ -156,6 +161,7 @@ class ReducedNet:
                 c.check_shard(k, part, siblings)
                 fetch("raw shards", roles[k][0], c.meta.origin, len(part) + 32 * len(siblings))
         values = {i: _Pieces(self.plan, data, self.codec) for i, (_, data) in sealed.items()}
+        depth = (self.plan.shards - 1).bit_length()  # the siblings a shard comes with (at most)
 
         # the screen, from the aggregators' partials of each tensor's pieces
         owners = {p.index: roles[self.plan.shard_of(p)][0] for p in self.plan.pieces}
@@ -182,6 +188,7 @@ class ReducedNet:
         # reductions, fetched by every node
         shards: dict[int, bytes] = {}
         honest: dict[int, bytes] = {}
+        reductions = {}
         for k in range(self.plan.shards):
             pieces, aggregator = self.plan.shard(k), roles[k][0]
             result = reduce_pieces(values, pieces, coefficients, scales)
@@ -190,8 +197,8 @@ class ReducedNet:
             shards[k] = honest[k] if factor is None else \
                 self.plan.encode({i: (x * np.float32(factor)).astype(np.float32) for i, x in result.items()},
                                  pieces, self.reduction_codec)
-            rec = sign_record(self.by_peer[aggregator], REDUCTION,
-                              [slot, k, seal.record.id, hashlib.sha256(shards[k]).digest()])
+            reductions[k] = rec = sign_record(self.by_peer[aggregator], REDUCTION,
+                                              [slot, k, seal.record.id, hashlib.sha256(shards[k]).digest()])
             gossip("reductions", rec.size, aggregator)
             for p in self.peers:
                 fetch("reduced shards", p, aggregator, len(shards[k]))
@@ -210,7 +217,8 @@ class ReducedNet:
         for replica in self.replicas.values():
             replica.apply(slot, shards)
 
-        # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces
+        # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces; where they
+        # differ it signs a fraud proof, which every node judges from the shard's raw pieces (protocol.reduced.fraud)
         for k in range(self.plan.shards):
             if len(roles[k]) < 2 or any(shard == k for shard, _ in report.refused):
                 continue
@@ -220,16 +228,23 @@ class ReducedNet:
                 fetch("checks", checker, c.meta.origin, len(self.plan.cut(data, drawn, self.codec)))
             mine = self.plan.encode(reduce_pieces(values, drawn, coefficients, scales), drawn, self.reduction_codec)
             theirs = self.plan.within(shards[k], pieces, drawn, self.reduction_codec)
-            if mine != theirs:  # a fraud proof: the checker reduces the whole shard, every replica replaces it
+            piece = first_difference(self.plan, drawn, mine, theirs, self.reduction_codec)
+            if piece is None and checker not in false_checkers:
+                continue
+            proof = make_fraud(self.by_peer[checker], slot, k, reductions[k], pieces[0].index if piece is None else piece)
+            gossip("fraud proofs", proof.size, checker)
+            for p in self.peers:  # every node fetches the shard of every sealed update, checked, and judges
                 for i, (c, data) in sealed.items():
-                    rest = [p for p in pieces if p not in drawn]
-                    fetch("fraud proofs", checker, c.meta.origin, len(self.plan.cut(data, rest, self.codec)))
-                for p in self.peers:
-                    fetch("fraud proofs", p, checker, len(honest[k]))
+                    fetch("fraud proofs", p, c.meta.origin, len(self.plan.cut(data, pieces, self.codec)) + 32 * depth)
+            verdict = judge(self.plan, k, shards[k], values, coefficients, scales, self.reduction_codec)
+            if verdict.lied:
                 for replica in self.replicas.values():
-                    replica.replace(slot, k, honest[k])
+                    replica.replace(slot, k, verdict.shard)
                 self.excluded.add(aggregator)
                 report.caught.append((k, aggregator))
+            else:
+                self.excluded.add(checker)
+                report.false_accusations.append((k, checker))
         self.slot = slot
         return report
 

@@ -14,18 +14,16 @@ the catch-up rule). trio thread only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import trio
 
 from node.outer.peerclock import PeerRoundClock
-from node.outer.replica import Replica
-from node.outer.upkeep import HeldBlobs
+from node.outer.parts import NodeParts
 from node.outer.updates import decode_update, update_meta
-from node.status import NodeStats
-from p2p import Delivery, Host
+from p2p import Delivery
 from protocol.errors import Reason, RemoteProtocolError
-from protocol.ledger import Outcome, SlotClosePolicy
+from protocol.ledger import Outcome
 from protocol.ledger.proof import proof_of
 from protocol.messages import Goodbye, UpdateHeader
 
@@ -37,12 +35,11 @@ log = logging.getLogger("node.outer.intake")
 class Intake:
     """See the module docstring."""
 
-    def __init__(self, *, host: Host, replica: Replica, shapes: Mapping[str, tuple[int, ...]], stats: NodeStats,
-                 policy: SlotClosePolicy, peer_clock: PeerRoundClock, blobs: HeldBlobs, inner_steps: int,
-                 compare: Callable[[str], None]) -> None:
-        self.host, self.replica, self.shapes, self.stats = host, replica, shapes, stats
-        self.policy, self.peer_clock, self.blobs, self.inner_steps = policy, peer_clock, blobs, inner_steps
-        self.compare = compare
+    def __init__(self, parts: NodeParts, *, peer_clock: PeerRoundClock, compare: Callable[[str], None]) -> None:
+        """``peer_clock``: the rounds' clock of peers' rounds; ``compare(origin)``: start a comparison with it."""
+        self.host, self.replica, self.shapes, self.stats = parts.host, parts.replica, parts.shapes, parts.stats
+        self.policy, self.blobs, self.inner_steps = parts.policy, parts.blobs, parts.settings.inner_steps
+        self.peer_clock, self.compare = peer_clock, compare
         self.resync = False  # set when peers' updates are too far ahead to hold; the runtime clears it
         self._far_ahead: set[str] = set()  # origins of updates refused as too far ahead since the last resync
 

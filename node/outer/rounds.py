@@ -36,22 +36,17 @@ import numpy as np
 import trio
 
 from node.chaos import Misbehave, Poison, Slowdown
-from node.checkpoint import CheckpointDir
 from node.outer.inflight import InflightJournal, InflightRound, unpublishable, waits_for_base
 from node.outer.outer_files import map_blob
 from node.outer.peerclock import PeerRoundClock
 from node.outer.rebase import BaseShift
-from node.outer.replica import Replica
-from node.outer.upkeep import HeldBlobs
-from node.settings import NodeSettings
-from node.status import NodeStats
-from node.island.train import InnerLoop, Progress, RoundResult
-from node.outer.updates import Shapes, compress, make_delta, shapes_field, update_meta
-from p2p import Host
-from protocol.compression import Codec, ErrorFeedback
+from node.outer.parts import NodeParts
+from node.island.train import Progress, RoundResult
+from node.outer.updates import compress, make_delta, shapes_field, update_meta
+from protocol.compression import Codec
 from protocol.compression.formats import as_codec_local
 from protocol.errors import LocalProtocolError, RemoteProtocolError
-from protocol.ledger import Outcome, Payload, PayloadDeltas, SlotClosePolicy, UpdateMeta
+from protocol.ledger import Outcome, Payload, PayloadDeltas, UpdateMeta
 from protocol.ledger.proof import proof_of
 
 __all__ = ["MIN_ROUND_FRACTION", "Rounds", "ShouldStop"]
@@ -121,13 +116,12 @@ def _dropped(inflight: InflightRound, why: str) -> bool:
 class Rounds:
     """The round loop's state and steps; the runtime calls `run_round` until done. trio thread only."""
 
-    def __init__(self, *, settings: NodeSettings, host: Host, replica: Replica, loop: InnerLoop,
-                 feedback: ErrorFeedback, stats: NodeStats, policy: SlotClosePolicy, shapes: Shapes,
-                 blobs: HeldBlobs, checkpoints: CheckpointDir | None, stop_requested: Callable[[], bool],
+    def __init__(self, parts: NodeParts, *, stop_requested: Callable[[], bool],
                  wait_change: Callable[[float | None], Awaitable[None]]) -> None:
-        self.settings, self.host, self.replica, self.loop = settings, host, replica, loop
-        self.feedback, self.stats, self.policy, self.shapes = feedback, stats, policy, dict(shapes)
-        self.blobs, self.checkpoints = blobs, checkpoints  # blobs: this node's payloads, for the clean-up
+        settings, host, loop, shapes, checkpoints = parts.settings, parts.host, parts.loop, parts.shapes, parts.checkpoints
+        self.settings, self.host, self.replica, self.loop = settings, host, parts.replica, loop
+        self.feedback, self.stats, self.policy, self.shapes = parts.feedback, parts.stats, parts.policy, dict(shapes)
+        self.blobs, self.checkpoints = parts.blobs, checkpoints  # blobs: this node's payloads, for the clean-up
         # the round in flight, kept on disk while it trains (node.outer.inflight): only with a checkpoint dir
         every = settings.inflight_every_s
         self.journal = InflightJournal(checkpoints.directory, every_s=every) if checkpoints and every else None

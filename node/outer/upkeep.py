@@ -33,15 +33,14 @@ from collections.abc import Iterable
 
 import trio
 
-from node.checkpoint import Checkpoint, CheckpointDir
+from node.checkpoint import Checkpoint
 from node.island.train import InnerLoop
+from node.outer.parts import NodeParts
 from node.outer.replica import Proposal, Replica
 from node.outer.resume import encode_ledger_part
 from node.settings import NodeSettings
 from node.status import NodeStats
 from node.sync.join import Choice
-from p2p import Host
-from protocol.compression import ErrorFeedback
 from protocol.ledger import Ledger
 from protocol.ledger.proof import proofs_doc
 
@@ -112,13 +111,12 @@ class HeldBlobs:
 class BetweenRounds:
     """Evaluation, checkpoints and blob clean-up between rounds (see the module docstring). trio thread."""
 
-    def __init__(self, *, settings: NodeSettings, host: Host, replica: Replica, loop: InnerLoop,
-                 feedback: ErrorFeedback, stats: NodeStats, heldout: list, checkpoints: CheckpointDir | None,
-                 blobs: HeldBlobs) -> None:
-        self.settings, self.host, self.replica, self.loop = settings, host, replica, loop
-        self.feedback, self.stats, self.heldout, self.checkpoints, self.blobs = feedback, stats, heldout, checkpoints, blobs
+    def __init__(self, parts: NodeParts) -> None:
+        self.settings, self.host, self.replica, self.loop = parts.settings, parts.host, parts.replica, parts.loop
+        self.feedback, self.stats, self.heldout = parts.feedback, parts.stats, parts.heldout
+        self.checkpoints, self.blobs = parts.checkpoints, parts.blobs
         self._eval_s = 0.0  # duration of the last evaluation
-        self._eval_round = stats.round  # round of the last evaluation (or of the start)
+        self._eval_round = parts.stats.round  # round of the last evaluation (or of the start)
         self._postponed_at: int | None = None  # the round an evaluation was first postponed at (logged then)
         self._last_checkpoint: tuple[int, float] | None = None  # (round, trio time) of the last one taken
         self._write_lock = trio.Lock()

@@ -11,6 +11,7 @@ aggregator from its contributors' committed pieces, and every node applies the `
 * :mod:`~protocol.reduced.merkle`: the tree whose root a commitment signs over a payload's shards;
 * :mod:`~protocol.reduced.slot`: commitments, header entries, screen partials, reductions;
 * :mod:`~protocol.reduced.bounds`: the norm every node holds a reduced shard to;
+* :mod:`~protocol.reduced.fraud`: a checker's fraud proof, and every node's judgement of it;
 * :mod:`~protocol.reduced.replica`: a node's state stepped with reductions.
 
 Sans-IO, like the rest of :mod:`protocol`; ``testnet.benchmarks.traffic`` runs it among in-process nodes.

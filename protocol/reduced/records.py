@@ -1,5 +1,5 @@
 """The signed records of a reduced run: an update's commitment, a slot's seal, an aggregator's screen
-partials and its reduction.
+partials and its reduction, and a checker's fraud proof.
 
 Each is a msgpack array of its fields (floats as 8-byte big-endian binary64, so the encoding stays
 canonical: no msgpack floats), signed by its author with the run's one signing domain::
@@ -24,9 +24,10 @@ import msgpack
 from protocol.identity import Identity, verify_signature
 from protocol.messages import DOMAIN
 
-__all__ = ["COMMITMENT", "PARTIALS", "REDUCTION", "SEAL", "Record", "floats", "pack_floats", "sign_record"]
+__all__ = ["COMMITMENT", "FRAUD", "PARTIALS", "REDUCTION", "SEAL", "Record", "floats", "pack_floats", "sign_record"]
 
 COMMITMENT, SEAL, PARTIALS, REDUCTION = b"reduced-commitment", b"reduced-seal", b"reduced-partials", b"reduced-reduction"
+FRAUD = b"reduced-fraud"
 
 
 def pack_floats(values: Sequence[float]) -> bytes:

@@ -10,7 +10,8 @@ the same updates, what the bytes were, and whether the replicas agree bit for bi
 
 ``--dead K``: in the last round the first K aggregators are down (their successors reduce); ``--liar``: in
 the last round one aggregator publishes its shard negated (its checker catches it with probability 1 − (1 − q)^pieces
-per shard; the replicas then replace the shard).
+per shard; every node then judges the fraud proof from the shard's raw pieces and replaces it); ``--accuser``:
+in the last round one checker accuses an honest aggregator (every node judges, and the accuser is excluded).
 
 Run: ``python -m testnet.benchmarks.traffic --nodes 8 16 64 --json traffic.json``.
 """
@@ -41,7 +42,8 @@ def model_shapes(pieces: int) -> dict[str, tuple[int, ...]]:
             "layer.1": ((pieces - embed - layer) * CHUNK // width or 1, width)}
 
 
-def run(n: int, *, rounds: int, pieces: int, q: float, replicas: int, dead: int, liar: bool, seed: int) -> dict:
+def run(n: int, *, rounds: int, pieces: int, q: float, replicas: int, dead: int, liar: bool, seed: int,
+        accuser: bool = False) -> dict:
     shapes = model_shapes(pieces * n)
     rng = np.random.default_rng(seed)
     params = {k: np.zeros(v, np.float32) for k, v in shapes.items()}
@@ -63,7 +65,8 @@ def run(n: int, *, rounds: int, pieces: int, q: float, replicas: int, dead: int,
         eligible = sorted(net.eligible - net.excluded)
         down = [reducers(net.slot + 1, net.plan.shards - 1 - k, eligible)[0] for k in range(dead)] if last else []
         lying = {reducers(net.slot + 1, 0, eligible)[0]: -1.0} if liar and last else None
-        reports.append(net.close(updates(), dead=down, liars=lying))
+        accusing = [reducers(net.slot + 1, 1, eligible)[1]] if accuser and last else []  # shard 1's checker
+        reports.append(net.close(updates(), dead=down, liars=lying, false_checkers=accusing))
     seconds = time.perf_counter() - started
     u = reports[0].update_bytes
     totals = {key: Counter() for key in ("received", "sent", "all_to_all_in", "all_to_all_out")}
@@ -82,7 +85,8 @@ def run(n: int, *, rounds: int, pieces: int, q: float, replicas: int, dead: int,
             "all_to_all": {"in": ratio("all_to_all_in"), "out": ratio("all_to_all_out")},
             "in_by_kind": {k: round(v / (u * rounds * n), 4) for k, v in sorted(kinds.items())},
             "sealed": [r.sealed for r in reports], "fall_backs": sum(r.fall_backs for r in reports),
-            "caught": [c for r in reports for c in r.caught], "replicas": len(net.replicas), "agree": net.agree(),
+            "caught": [c for r in reports for c in r.caught],
+            "false_accusations": [c for r in reports for c in r.false_accusations], "replicas": len(net.replicas), "agree": net.agree(),
             "seconds": round(seconds, 1)}
 
 
@@ -95,19 +99,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=4, help="nodes that keep a full replica (default 4)")
     p.add_argument("--dead", type=int, default=0, help="aggregators down in the last round")
     p.add_argument("--liar", action="store_true", help="one aggregator negates its shard in the last round")
+    p.add_argument("--accuser", action="store_true",
+                   help="one checker signs a fraud proof against an honest aggregator in the last round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write the rows here")
     a = p.parse_args(argv)
     rows = []
     print("per node and round, ÷ one update's bytes: reduced slots (mean / largest) against all-to-all", flush=True)
     for n in a.nodes:
-        row = run(n, rounds=a.rounds, pieces=a.pieces, q=a.q, replicas=a.replicas, dead=a.dead, liar=a.liar, seed=a.seed)
+        row = run(n, rounds=a.rounds, pieces=a.pieces, q=a.q, replicas=a.replicas, dead=a.dead, liar=a.liar, seed=a.seed,
+                  accuser=a.accuser)
         rows.append(row)
         red, a2a = row["reduced"], row["all_to_all"]
         print(f"N={n:4d}  in {red['in']['mean']:.2f} / {red['in']['max']:.2f}  out {red['out']['mean']:.2f} / "
               f"{red['out']['max']:.2f}   all-to-all in {a2a['in']['mean']:.2f} out {a2a['out']['max']:.2f}   "
               f"({row['params']:,} params, U {row['update_bytes']:,} B, {row['shards']} shards, "
-              f"fall-backs {row['fall_backs']}, caught {len(row['caught'])}, replicas agree {row['agree']}, "
+              f"fall-backs {row['fall_backs']}, caught {len(row['caught'])}, "
+              f"false accusations {len(row['false_accusations'])}, replicas agree {row['agree']}, "
               f"{row['seconds']:.0f} s)", flush=True)
         print("        in by kind ÷ U: " + ", ".join(f"{k} {v:.3f}" for k, v in row["in_by_kind"].items()), flush=True)
     if a.json:

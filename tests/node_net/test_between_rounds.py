@@ -20,6 +20,7 @@ from node.checkpoint import CheckpointDir
 from node.outer.inflight import InflightRound
 from node.outer.replica import Replica
 from node.outer.peerclock import PeerRoundClock
+from node.outer.parts import NodeParts
 from node.outer.rounds import Rounds
 from node.outer.upkeep import BetweenRounds, HeldBlobs
 from node.settings import NodeSettings
@@ -46,7 +47,7 @@ class FakeLoop:
         return 1.5
 
 
-def _parts(tmp: Path, settings: dict) -> dict:
+def _parts(tmp: Path, settings: dict) -> NodeParts:
     """What `Rounds` and `BetweenRounds` share, as the runtime hands it to both."""
     settings.setdefault("window", 4)
     s = NodeSettings(run_id="r", key_path=tmp / "key", checkpoint_dir=tmp / "ckpt", **settings)
@@ -55,17 +56,16 @@ def _parts(tmp: Path, settings: dict) -> dict:
     # the parts of the host a checkpoint uses: its blob store (the window's payloads stay there) and config
     store = BlobStore(tmp / "blobs")
     host = types.SimpleNamespace(store=store, config=types.SimpleNamespace(run_config=""), remove_blob=store.remove)
-    return dict(settings=s, host=host, replica=Replica(ledger), loop=FakeLoop(), feedback=ErrorFeedback("int4"),
-                stats=NodeStats("p"), checkpoints=checkpoints, blobs=HeldBlobs())
+    return NodeParts(s, host, Replica(ledger), FakeLoop(), ErrorFeedback("int4"), NodeStats("p"),
+                     SlotClosePolicy(ClosePolicyConfig()), SHAPES, HeldBlobs(), checkpoints)
 
 
 def make_rounds(tmp: Path, **settings) -> Rounds:
-    return Rounds(**_parts(tmp, settings), policy=SlotClosePolicy(ClosePolicyConfig()), shapes=SHAPES,
-                  stop_requested=lambda: False, wait_change=None)
+    return Rounds(_parts(tmp, settings), stop_requested=lambda: False, wait_change=None)
 
 
 def make_upkeep(tmp: Path, **settings) -> BetweenRounds:
-    return BetweenRounds(**_parts(tmp, settings), heldout=[])
+    return BetweenRounds(_parts(tmp, settings))
 
 
 async def test_the_clean_up_spares_the_payloads_the_newest_checkpoint_refers_to(tmp_path: Path) -> None:

@@ -35,15 +35,16 @@ def _net(n=6, **kw):
     return ReducedNet(n, SHAPES, params, LedgerConfig(window=2), **kw)
 
 
-def _run(rounds=3, dead_at=None, liar_at=None, factor=-1.0, **kw):
+def _run(rounds=3, dead_at=None, liar_at=None, factor=-1.0, accuser_at=None, **kw):
     net = _net(**kw)
     reports = []
     for r, updates in enumerate(_updates(net, rounds)):
         eligible = sorted(net.eligible - net.excluded)
         dead = [reducers(net.slot + 1, 1, eligible)[0]] if r == dead_at else []
         liars = {reducers(net.slot + 1, 2, eligible)[0]: factor} if r == liar_at else None
+        accusers = [reducers(net.slot + 1, 0, eligible)[1]] if r == accuser_at else []  # shard 0's checker
         updates = [(p, data, net.slot, t, s) for p, data, _, t, s in updates]
-        reports.append(net.close(updates, dead=dead, liars=liars))
+        reports.append(net.close(updates, dead=dead, liars=liars, false_checkers=accusers))
     return net, reports
 
 
@@ -68,6 +69,16 @@ def test_a_dead_aggregators_successor_and_a_caught_liar_leave_the_honest_bits():
     assert dead.agree() and lied.agree()
     digests = {next(iter(n.replicas.values())).digest() for n in (honest, dead, lied)}
     assert len(digests) == 1
+
+
+def test_a_false_accusation_is_judged_by_every_node_and_costs_the_accuser_its_roles():
+    honest, _ = _run()
+    accused, reports = _run(accuser_at=1)
+    assert reports[1].false_accusations and not reports[1].caught
+    accuser = reports[1].false_accusations[0][1]
+    assert accused.excluded == {accuser} and accused.agree()
+    assert reports[1].by_kind["fraud proofs"] > 0 and not reports[0].by_kind["fraud proofs"]
+    assert next(iter(accused.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
 
 
 def test_a_shard_past_the_headers_norm_bound_is_refused_by_every_node():
