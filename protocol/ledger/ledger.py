@@ -80,7 +80,7 @@ from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
 from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
 from protocol.ledger.snapshot_check import check_snapshot
-from protocol.ledger.storage import STATE_DTYPE, BottomStore, adopted_state
+from protocol.ledger.storage import STATE_DTYPE, BottomStore, owned_working_state
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
 
@@ -456,7 +456,7 @@ class Ledger:
         work), or ``working``: the ``(θ_n, v_n)`` of :meth:`working_state` taken with ``snap`` by this
         node itself (its own checkpoint: equal to the canonical state up to the float32 rounding of the late
         folds, as before the restart). Arrays of ``working`` that are float32, C-contiguous, writable and own
-        their memory are adopted (the ledger writes them from now on), others copied.
+        their memory are taken over (the ledger writes them from now on), others copied.
 
         Checks that ``snap`` was made under the same config (fingerprint) and, if given, for a model of
         these ``shapes``, and that its entries are consistent (:mod:`protocol.ledger.snapshot_check`);
@@ -464,7 +464,7 @@ class Ledger:
         """
         check_snapshot(snap, config, shapes, [*(o.value for o in Outcome), RELEASED, ORPHANED, EVICTED])
         if working is not None:
-            working = tuple(adopted_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
+            working = tuple(owned_working_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
         self = cls.__new__(cls)
         self.config = config
         self._rule = outer_rule(config)

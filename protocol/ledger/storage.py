@@ -19,7 +19,7 @@ import numpy as np
 
 from protocol.ledger.fields import bad_state
 
-__all__ = ["BottomStore", "InMemory", "STATE_DTYPE", "adopted_state", "state_copy"]
+__all__ = ["BottomStore", "InMemory", "STATE_DTYPE", "owned_working_state", "state_copy"]
 
 #: The dtype of the ledger's parameters and momentum (working state, window bottom, snapshots).
 STATE_DTYPE = np.dtype(np.float32)
@@ -52,10 +52,10 @@ def state_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.array(a, dtype=STATE_DTYPE, copy=True, order="C") for name, a in arrays.items()}
 
 
-def adopted_state(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
-    """A working state handed to ``Ledger.from_snapshot``: its arrays, adopted when they are float32,
-    C-contiguous, writable and own their memory, else copied; ``BAD_STATE`` for other names or shapes, or a
-    non-finite value."""
+def owned_working_state(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], what: str) -> dict[str, np.ndarray]:
+    """A working state handed to ``Ledger.from_snapshot``, owned by the ledger from now on: its arrays when
+    they are float32, C-contiguous, writable and own their memory, else copies; ``BAD_STATE`` for other names
+    or shapes, or a non-finite value."""
     if sorted(arrays) != sorted(shapes):
         raise bad_state(f"working {what} names differ from the snapshot's")
     out = {}

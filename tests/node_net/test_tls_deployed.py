@@ -41,7 +41,11 @@ class Tap:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.target)
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:  # the node behind the tap has stopped: the client sees its connection close
+                client.close()
+                continue
             threading.Thread(target=self._pump, args=(client, server, self.up), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, self.down), daemon=True).start()
 
