@@ -7,9 +7,10 @@ shard of every sealed update (checked against the commitment), the aggregators o
 screen partials until the screen is decided, each reduces its shard and publishes it; every node fetches the
 ``S`` reduced shards, refuses one longer than the headers allow (``protocol.reduced.bounds``: its successor's
 is fetched instead, and its aggregator leaves the eligible set), and steps its replica; the checker of each shard (the next origin in the shard's order)
-re-reduces the pieces its own coin draws and, when they differ, signs a fraud proof; every node judges it
-from the shard's raw pieces (``protocol.reduced.fraud``): a proven liar's shard is replaced on every replica
-(its window replayed) and the liar leaves the eligible set, a false accuser leaves it instead.
+re-reduces the pieces its own coin draws and, when they differ, signs a fraud proof naming a piece; every node
+judges it from that piece of every update (``protocol.reduced.fraud``): a proven liar's shard is replaced on
+every replica by the checker's reduction (the window replayed) and the liar leaves the eligible set, a false
+accuser leaves it instead.
 
 Counting: a gossiped record (header, commitment, seal, partials, reduction) reaches every other node once
 and each node forwards, on average, what it receives (the mesh's steady state), so it counts once in and
@@ -35,12 +36,12 @@ from protocol.ledger import LedgerConfig, UpdateMeta
 from protocol.ledger.proof import header_shapes
 from protocol.messages import UpdateHeader
 from protocol.reduced import (Commitment, PartialScreen, ReducedReplica, Seal, ShardPlan, commit, header_entry,
-                              make_seal, merkle, piece_partials, reduce_pieces, reducers, sealers, slot_terms,
+                              make_seal, piece_partials, reduce_pieces, reducers, sealers, slot_terms,
                               winning_seal)
 from protocol.reduced.bounds import check_reduction, reduction_bounds
 from protocol.reduced.fraud import first_difference, judge, make_fraud
 from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
-from protocol.reduced.slot import shard_leaves
+from protocol.reduced.slot import piece_leaves, pieces_proof
 
 __all__ = ["ReducedNet", "SlotReport"]
 
@@ -154,14 +155,15 @@ class ReducedNet:
         # every shard's raw pieces, at its aggregator (the first live one of its order)
         roles = {k: [p for p in reducers(slot, k, eligible) if p not in dead] for k in range(self.plan.shards)}
         report.fall_backs = sum(reducers(slot, k, eligible)[0] in dead for k in range(self.plan.shards))
+        leaves = {}  # update id -> its origin's Merkle leaves, for the proofs it serves
         for i, (c, data) in sealed.items():
-            leaves = shard_leaves(self.plan, data, self.codec)
+            leaves[i] = piece_leaves(self.plan, data, self.codec)
             for k in range(self.plan.shards):
-                part, siblings = self.plan.cut(data, self.plan.shard(k), self.codec), merkle.path(leaves, k)
-                c.check_shard(k, part, siblings)
-                fetch("raw shards", roles[k][0], c.meta.origin, len(part) + 32 * len(siblings))
+                pieces = self.plan.shard(k)
+                part, proof = self.plan.cut(data, pieces, self.codec), pieces_proof(leaves[i], pieces)
+                c.check_pieces(pieces[0].index, self.plan.split(part, pieces, self.codec), proof)
+                fetch("raw shards", roles[k][0], c.meta.origin, len(part) + 32 * len(proof))
         values = {i: _Pieces(self.plan, data, self.codec) for i, (_, data) in sealed.items()}
-        depth = (self.plan.shards - 1).bit_length()  # the siblings a shard comes with (at most)
 
         # the screen, from the aggregators' partials of each tensor's pieces
         owners = {p.index: roles[self.plan.shard_of(p)][0] for p in self.plan.pieces}
@@ -231,15 +233,25 @@ class ReducedNet:
             piece = first_difference(self.plan, drawn, mine, theirs, self.reduction_codec)
             if piece is None and checker not in false_checkers:
                 continue
-            proof = make_fraud(self.by_peer[checker], slot, k, reductions[k], pieces[0].index if piece is None else piece)
+            named = next(p for p in pieces if p.index == piece) if piece is not None else drawn[0] if drawn else pieces[0]
+            proof = make_fraud(self.by_peer[checker], slot, k, reductions[k], named.index)
             gossip("fraud proofs", proof.size, checker)
-            for p in self.peers:  # every node fetches the shard of every sealed update, checked, and judges
+            for i, (c, data) in sealed.items():  # every node fetches the named piece of every sealed update
+                part, siblings = self.plan.cut(data, [named], self.codec), pieces_proof(leaves[i], [named])
+                c.check_pieces(named.index, [part], siblings)
+                for p in self.peers:
+                    fetch("fraud proofs", p, c.meta.origin, len(part) + 32 * len(siblings))
+            accused = self.plan.within(shards[k], pieces, [named], self.reduction_codec)
+            if judge(self.plan, named, accused, values, coefficients, scales, self.reduction_codec):
+                rest = [p for p in pieces if p not in drawn]  # the checker reduces the whole shard and publishes it
                 for i, (c, data) in sealed.items():
-                    fetch("fraud proofs", p, c.meta.origin, len(self.plan.cut(data, pieces, self.codec)) + 32 * depth)
-            verdict = judge(self.plan, k, shards[k], values, coefficients, scales, self.reduction_codec)
-            if verdict.lied:
+                    fetch("fraud proofs", checker, c.meta.origin, len(self.plan.cut(data, rest, self.codec)))
+                check_reduction(self.plan.decode(honest[k], pieces, self.reduction_codec), pieces, bounds,
+                                self.reduction_codec)
+                for p in self.peers:
+                    fetch("fraud proofs", p, checker, len(honest[k]))
                 for replica in self.replicas.values():
-                    replica.replace(slot, k, verdict.shard)
+                    replica.replace(slot, k, honest[k])
                 self.excluded.add(aggregator)
                 report.caught.append((k, aggregator))
             else:

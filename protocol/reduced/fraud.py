@@ -3,25 +3,24 @@
 A checker whose re-reduction of the pieces it drew differs from the aggregator's reduction signs a
 ``reduced-fraud`` record: ``[slot, shard, reduction_id, piece]``, the reduction it accuses and the first
 piece where they differ. It proves nothing by itself, since a hostile checker may sign one against an honest
-aggregator. So every node judges it alike, from signed inputs only: it fetches the shard of every sealed
-update (each checked against its origin's commitment), reduces the shard with the slot's coefficients and
-scales, which it holds from the headers and the screen's partials, and compares the bytes with the accused
-reduction's:
+aggregator. So every node judges it alike, from signed inputs only: it fetches that piece of every sealed
+update, each with its Merkle proof against its origin's commitment, reduces the piece with the slot's
+coefficients and scales (which it holds from the headers and the screen's partials), and compares the
+bytes with the accused reduction's for that piece:
 
-* they differ: the aggregator lied. The node's own reduction replaces the shard (the window is replayed),
-  and the aggregator leaves later eligible sets;
+* they differ: the aggregator lied, and leaves later eligible sets. The checker, proven right, reduces the
+  whole shard and publishes it; that reduction replaces the lie on every replica (the window is replayed),
+  held to the same norm bound as any;
 * they are equal: the accuser lied. It leaves later eligible sets, and nothing is replaced.
 
-So a false accusation costs its author its roles, and a true one gives every replica the same correct
-values, with no node taking another's word. A judgement costs a node one shard of every sealed update,
-about one update's bytes, once per proof, and a proven liar reduces no more shards.
+So a false accusation costs its author its roles, a true one its target's, and no node takes another's word
+for which. A judgement costs a node one piece of every sealed update (``U / P`` each, for ``P`` pieces in
+the model), once per proof.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
 import numpy as np
 
 from protocol.identity import Identity
@@ -29,7 +28,7 @@ from protocol.reduced.plan import ModelPiece, ShardPlan
 from protocol.reduced.records import FRAUD, Record, sign_record
 from protocol.reduced.slot import reduce_pieces
 
-__all__ = ["Judgement", "first_difference", "judge", "make_fraud"]
+__all__ = ["first_difference", "judge", "make_fraud"]
 
 
 def make_fraud(identity: Identity, slot: int, shard: int, reduction: Record, piece: int) -> Record:
@@ -45,19 +44,8 @@ def first_difference(plan: ShardPlan, pieces: Sequence[ModelPiece], mine: bytes,
     return None
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """``lied``: the aggregator (True) or the accuser (False); ``shard``: the honest reduction's bytes."""
-
-    lied: bool
-    shard: bytes
-
-
-def judge(plan: ShardPlan, shard: int, accused: bytes, values: Mapping[bytes, Mapping[int, np.ndarray]],
-          coefficients: Mapping[str, Mapping[bytes, float]], scales: Mapping[str, float], codec: str) -> Judgement:
-    """Judge a fraud proof against ``accused`` (the reduction's bytes of ``shard``, in ``codec``): ``values``
-    are the sealed updates' pieces of the shard by update id, decoded from bytes checked against their
-    commitments."""
-    pieces = plan.shard(shard)
-    honest = plan.encode(reduce_pieces(values, pieces, coefficients, scales), pieces, codec)
-    return Judgement(honest != accused, honest)
+def judge(plan: ShardPlan, piece: ModelPiece, accused: bytes, values: Mapping[bytes, Mapping[int, np.ndarray]],
+          coefficients: Mapping[str, Mapping[bytes, float]], scales: Mapping[str, float], codec: str) -> bool:
+    """Whether the reduction whose bytes for ``piece`` are ``accused`` (in ``codec``) lied: ``values`` are the
+    sealed updates' values of ``piece`` by update id, decoded from bytes checked against their commitments."""
+    return plan.encode(reduce_pieces(values, [piece], coefficients, scales), [piece], codec) != accused

@@ -116,6 +116,19 @@ class ShardPlan:
         view = memoryview(payload)
         return b"".join(view[o:o + n] for o, n in self.byte_ranges(pieces, codec))
 
+    def piece_bytes(self, payload: bytes | memoryview, codec: Codec | str) -> list[bytes]:
+        """The bytes of each of the run's pieces in ``payload``, in order (what the commitment's leaves hash)."""
+        codec = _built_in(codec)
+        offsets, view = record_offsets(self.shapes, codec), memoryview(payload)
+        return [b"".join(view[o:o + n] for o, n in _byte_ranges(p, math.prod(self.shapes[p.name]), offsets[p.name], codec))
+                for p in self.pieces]
+
+    def split(self, data: bytes, pieces: Sequence[ModelPiece], codec: Codec | str) -> list[bytes]:
+        """``data``, the bytes of ``pieces`` (a shard's), cut into each piece's."""
+        codec = _built_in(codec)
+        offsets = record_offsets(self.keys(pieces), codec)
+        return [data[offsets[p.key]:offsets[p.key] + tensor_bytes(p.size, codec)] for p in pieces]
+
     def within(self, data: bytes, pieces: Sequence[ModelPiece], wanted: Sequence[ModelPiece], codec: Codec | str) -> bytes:
         """The bytes of ``wanted`` (some of ``pieces``) in ``data``, the bytes of ``pieces`` (a shard's): each
         piece is a whole record there."""

@@ -1,7 +1,7 @@
 """A sealed slot's aggregate, computed in pieces: what contributors commit to, what aggregators exchange and
 publish, and the same coefficients and scales the all-to-all ledger computes.
 
-**Commitments.** A contributor signs, with its update's header, the Merkle root of its payload's shards
+**Commitments.** A contributor signs, with its update's header, the Merkle root of its payload's pieces
 (:mod:`protocol.reduced.merkle`) and each piece's binary64 norm² (numpy's pairwise sum of the piece's squares, as
 ``protocol.ledger.chunks.tensor_norm`` takes it per chunk). Every replica then has every update's tensor
 norms from headers alone, bit for bit those of the decoded payload: a piece is a chunk of the canonical
@@ -39,7 +39,7 @@ from protocol.reduced.plan import ModelPiece, ShardPlan
 from protocol.reduced.records import COMMITMENT, Record, floats, pack_floats, sign_record
 
 __all__ = ["Commitment", "HeaderDeltas", "PartialScreen", "PiecePartials", "commit", "header_entry",
-           "piece_norms2", "piece_partials", "reduce_pieces", "shard_leaves", "slot_terms"]
+           "piece_leaves", "piece_norms2", "piece_partials", "pieces_proof", "reduce_pieces", "slot_terms"]
 
 _F64 = np.float64
 #: A piece's share of a set's screen sums: ``‖U‖²``, ``⟨x_i, U⟩`` in the set's id order, and the pair product.
@@ -55,21 +55,26 @@ def piece_norms2(plan: ShardPlan, values: Mapping[str, np.ndarray]) -> list[floa
     return out
 
 
-def shard_leaves(plan: ShardPlan, payload: bytes, codec: str) -> list[bytes]:
-    """The Merkle leaves of ``payload``'s shards (:mod:`protocol.reduced.merkle`)."""
-    return [merkle.leaf(plan.cut(payload, plan.shard(k), codec)) for k in range(plan.shards)]
+def piece_leaves(plan: ShardPlan, payload: bytes, codec: str) -> list[bytes]:
+    """The Merkle leaves of ``payload``'s pieces (:mod:`protocol.reduced.merkle`)."""
+    return [merkle.leaf(b) for b in plan.piece_bytes(payload, codec)]
+
+
+def pieces_proof(leaves: Sequence[bytes], pieces: Sequence[ModelPiece]) -> list[bytes]:
+    """The Merkle proof served with ``pieces`` (contiguous: a shard's, or one piece) of a payload of ``leaves``."""
+    return merkle.range_proof(leaves, pieces[0].index, pieces[-1].index + 1)
 
 
 def commit(identity: Identity, meta: UpdateMeta, plan: ShardPlan, payload: bytes, codec: str,
            values: Mapping[str, np.ndarray]) -> Record:
     """The origin's signed commitment to ``payload`` (whose decode is ``values``): update id, the Merkle root
-    of its shards, each piece's norm²."""
-    return sign_record(identity, COMMITMENT, [meta.update_id, merkle.root(shard_leaves(plan, payload, codec)),
+    of its pieces, each piece's norm²."""
+    return sign_record(identity, COMMITMENT, [meta.update_id, merkle.root(piece_leaves(plan, payload, codec)),
                                               pack_floats(piece_norms2(plan, values))])
 
 
 class Commitment:
-    """A checked commitment: the shards' Merkle root and the piece norms² an origin signed for one update."""
+    """A checked commitment: the pieces' Merkle root and the piece norms² an origin signed for one update."""
 
     def __init__(self, record: Record, meta: UpdateMeta, plan: ShardPlan) -> None:
         if record.kind != COMMITMENT or record.author != meta.origin or len(record.fields) != 3:
@@ -79,18 +84,18 @@ class Commitment:
         if update_id != meta.update_id or not isinstance(tree, bytes) or len(tree) != 32 \
                 or not isinstance(norms2, bytes) or len(norms2) != 8 * len(plan.pieces):
             raise RemoteProtocolError(Reason.BAD_SCHEMA, "a commitment's root or norms do not fit the run's pieces")
-        self.record, self.meta, self.root, self.shards = record, meta, tree, plan.shards
+        self.record, self.meta, self.root, self.count = record, meta, tree, len(plan.pieces)
         self.norms2 = floats(norms2)
         if not all(math.isfinite(x) and x >= 0.0 for x in self.norms2):
             raise RemoteProtocolError(Reason.NON_FINITE, "a commitment's norms² must be finite and ≥ 0")
         self.key = tree  # equal for bit-identical payloads (copies)
 
-    def check_shard(self, k: int, data: bytes, siblings: Sequence[bytes]) -> None:
-        """``RemoteProtocolError`` unless ``data`` are the bytes of shard ``k`` this commitment names
-        (``siblings``: the shard's Merkle path, served with it)."""
-        if not merkle.verify_path(self.root, self.shards, k, merkle.leaf(data), siblings):
-            raise RemoteProtocolError(Reason.BAD_STATE, f"shard {k} of {self.meta.update_id.hex()[:12]} is not "
-                                                        "the one its origin committed to")
+    def check_pieces(self, first: int, parts: Sequence[bytes], proof: Sequence[bytes]) -> None:
+        """``RemoteProtocolError`` unless ``parts`` are the bytes of pieces ``first, first + 1, …`` this
+        commitment names (``proof``: their Merkle proof, served with them)."""
+        if not merkle.verify_range(self.root, self.count, first, [merkle.leaf(b) for b in parts], proof):
+            raise RemoteProtocolError(Reason.BAD_STATE, f"pieces {first}.. of {self.meta.update_id.hex()[:12]} are "
+                                                        "not the ones its origin committed to")
 
 
 class HeaderDeltas(Mapping[str, np.ndarray]):

@@ -15,7 +15,7 @@ from protocol.ledger.chunks import CHUNK, tensor_norm
 from protocol.ledger.weights import update_weight
 from protocol.reduced import (Commitment, PartialScreen, Seal, ShardPlan, admitted, commit, header_entry, make_seal,
                               merkle, piece_partials, reduce_pieces, reducers, sealers, slot_terms, winning_seal)
-from protocol.reduced.slot import shard_leaves
+from protocol.reduced.slot import piece_leaves, pieces_proof
 
 SHAPES = {"a": (3 * CHUNK + 100,), "b": (64, 1000), "c": (7,)}
 
@@ -101,9 +101,11 @@ def test_the_reduced_aggregate_is_the_all_to_all_one(hostile):
         decoded = decode_tensors(data, "int4", SHAPES)
         meta = UpdateMeta(hashlib.sha256(data + b"%d" % i).digest(), who.peer_id, 0, 0, 100 + i, 10)
         c = Commitment(commit(who, meta, plan, data, "int4", decoded), meta, plan)
-        leaves = shard_leaves(plan, data, "int4")
+        leaves = piece_leaves(plan, data, "int4")
         for k in range(plan.shards):
-            c.check_shard(k, plan.cut(data, plan.shard(k), "int4"), merkle.path(leaves, k))
+            pieces = plan.shard(k)
+            part = plan.cut(data, pieces, "int4")
+            c.check_pieces(pieces[0].index, plan.split(part, pieces, "int4"), pieces_proof(leaves, pieces))
         headers.append(header_entry(c, plan, 1, config))
         entries.append(SlotEntry(meta, 1, update_weight(meta, 1, config), decoded,
                                  {k: tensor_norm(v) for k, v in decoded.items()}))
@@ -133,14 +135,35 @@ def test_a_shard_that_is_not_the_committed_one_is_refused():
     data = encode_tensors(deltas, "int4")
     meta = UpdateMeta(hashlib.sha256(data).digest(), who.peer_id, 0, 0, 100, 10)
     c = Commitment(commit(who, meta, plan, data, "int4", decode_tensors(data, "int4", SHAPES)), meta, plan)
-    leaves = shard_leaves(plan, data, "int4")
-    part = bytearray(plan.cut(data, plan.shard(1), "int4"))
-    c.check_shard(1, bytes(part), merkle.path(leaves, 1))
+    leaves = piece_leaves(plan, data, "int4")
+    one, zero = plan.shard(1), plan.shard(0)
+    parts = plan.split(plan.cut(data, one, "int4"), one, "int4")
+    proof = pieces_proof(leaves, one)
+    c.check_pieces(one[0].index, parts, proof)
+    c.check_pieces(one[-1].index, parts[-1:], pieces_proof(leaves, one[-1:]))  # one piece, as a judge fetches it
     with pytest.raises(RemoteProtocolError):  # shard 1 does not pass for shard 0
-        c.check_shard(0, bytes(part), merkle.path(leaves, 1))
-    part[-1] ^= 1
+        c.check_pieces(zero[0].index, parts, proof)
+    with pytest.raises(RemoteProtocolError):  # nor without its last piece
+        c.check_pieces(one[0].index, parts[:-1], proof)
+    parts[-1] = parts[-1][:-1] + bytes([parts[-1][-1] ^ 1])
     with pytest.raises(RemoteProtocolError):
-        c.check_shard(1, bytes(part), merkle.path(leaves, 1))
+        c.check_pieces(one[0].index, parts, proof)
     other = UpdateMeta(meta.update_id, ident(1).peer_id, 0, 0, 100, 10)
     with pytest.raises(RemoteProtocolError):  # signed by someone else than the update's origin
         Commitment(c.record, other, plan)
+
+
+def test_a_range_proof_proves_exactly_its_leaves():
+    for count in (1, 2, 5, 8, 13):
+        leaves = [merkle.leaf(b"%d" % i) for i in range(count)]
+        top = merkle.root(leaves)
+        for lo in range(count):
+            for hi in range(lo + 1, count + 1):
+                proof = merkle.range_proof(leaves, lo, hi)
+                assert merkle.verify_range(top, count, lo, leaves[lo:hi], proof)
+                assert len(proof) <= 2 * max(1, (count - 1).bit_length())
+                forged = [merkle.leaf(b"x"), *leaves[lo + 1:hi]]
+                assert not merkle.verify_range(top, count, lo, forged, proof)
+                if hi - lo > 1:  # a range does not pass for a shorter one, nor for one shifted by a place
+                    assert not merkle.verify_range(top, count, lo, leaves[lo:hi - 1], proof)
+                    assert not merkle.verify_range(top, count, lo + 1, leaves[lo:hi - 1], proof)
