@@ -47,6 +47,7 @@ import os
 import struct
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import numpy as np
 import trio
@@ -62,6 +63,7 @@ from protocol.ledger import Ledger
 from protocol.messages import Signed, split_addr
 from node.outer.replica import Replica
 from node.outer.updates import Shapes, shapes_field
+from node.settings import NodeSettings
 from node.sync.forkhint import send_fork_hint
 from node.sync.stateserve import StateServer
 
@@ -227,6 +229,37 @@ class Poison:
         tokens = self.TOKENS if self.kind == "tokens" else self.tokens_per_step * self.max_steps
         log.warning("chaos: publishing a poisoned update (%s ×%g, claiming %d tokens)", self.kind, self.FACTOR, tokens)
         return encode_tensors(hostile, "fp32"), "fp32", tokens, self.max_steps
+
+
+class RoundChaos:
+    """`--slowdown` and the `--misbehave` modes that touch a round, as the hooks the honest round calls
+    (`node.outer.rounds.Rounds`): `slowdown` before every inner step and at the round's end,
+    `publish_instead` (a poisoned update published in place of the round's), `after_publish` (a misbehaving
+    node's extra messages). For an honest node each hook does nothing."""
+
+    def __init__(self, settings: NodeSettings, host: Host, shapes: Shapes, loop: Any) -> None:
+        """``loop``: the inner loop (`node.island.train.InnerLoop`), whose tokens per batch a poisoned claim reads."""
+        mode = settings.misbehave or ""
+        self.host, self.shapes = host, dict(shapes)
+        self.slowdown = Slowdown(settings.slowdown)
+        self.misbehave = Misbehave(mode, host, shapes) if mode in Misbehave.MODES else None
+        self.poison = Poison(mode.removeprefix("poison:"), shapes, loop.tokens_per_batch,
+                             settings.inner_steps) if mode.startswith("poison:") else None
+
+    async def publish_instead(self, payload: bytes, codec: str, base_slot: int, publish_slot: int) -> Signed | None:
+        """`--misbehave poison:KIND`: publish the hostile version of the round's encoded `payload` and return it
+        (the round is then not published; its honest Δ is what the next round starts from); else None."""
+        if self.poison is None:
+            return None
+        data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, codec, publish_slot + 1)
+        return await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
+                                              inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
+
+    async def after_publish(self, base_slot: int, publish_slot: int, honest: tuple[bytes, str, int, int]) -> list[Signed]:
+        """After the round's update, published as (payload, codec, tokens, inner steps) = `honest`: what a
+        misbehaving node does besides (`Misbehave.act`); the valid updates it published, which the node's own
+        ledger holds as every peer's does."""
+        return [] if self.misbehave is None else await self.misbehave.act(base_slot, publish_slot, honest)
 
 
 async def forged_replica(replica: Replica, extra_tokens: int, scale: float = -20.0,

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import numpy as np
 import trio
 
-from node.chaos import Misbehave, Poison, Slowdown
+from node.chaos import RoundChaos, Slowdown
 from node.outer.inflight import InflightJournal, InflightRound, unpublishable, waits_for_base
 from node.outer.outer_files import map_blob
 from node.outer.peerclock import PeerRoundClock
@@ -126,12 +126,7 @@ class Rounds:
         every = settings.inflight_every_s
         self.journal = InflightJournal(checkpoints.directory, every_s=every) if checkpoints and every else None
         self.stop_requested, self.wait_change = stop_requested, wait_change
-        self.slowdown = Slowdown(settings.slowdown)
-        poisoning = (settings.misbehave or "").startswith("poison:")
-        acts = settings.misbehave in Misbehave.MODES
-        self.misbehave = Misbehave(settings.misbehave, host, shapes) if acts else None
-        self.poison = Poison(settings.misbehave.removeprefix("poison:"), shapes,
-                             loop.tokens_per_batch, settings.inner_steps) if poisoning else None
+        self.chaos = RoundChaos(settings, host, shapes, loop)  # hooks; an honest node's do nothing
         self.peer_clock = PeerRoundClock()
         self.overhead_s: float | None = None  # own round time outside the inner steps (moving average)
         self._published_here = 0  # rounds this process published (the first one also measures start-up)
@@ -173,7 +168,7 @@ class Rounds:
         journal = self._journal_hook(shift, should_stop.min_steps) if self.journal is not None else None
         result = self.loop.run(self.settings.inner_steps, should_stop=should_stop, shift=shift.take,
                                progress=journal)
-        self.slowdown.end_round()
+        self.chaos.slowdown.end_round()
         if self._interrupted(result, should_stop.min_steps):
             return result, None
         if self.journal is not None:
@@ -346,7 +341,7 @@ class Rounds:
         self._round_started_at = self.host.now()
         clock.lap("round_start")
         round_start = phases["round_start"]  # the thread adds set_params to it
-        should_stop = ShouldStop(self.stop_requested, self.slowdown, self._budget(),
+        should_stop = ShouldStop(self.stop_requested, self.chaos.slowdown, self._budget(),
                                  min_steps=math.ceil(MIN_ROUND_FRACTION * self.settings.inner_steps),
                                  ended=lambda: self._past_end(self.replica.slot))
         result, compressed = await self._train_through_close(shift, should_stop, phases)
@@ -364,8 +359,9 @@ class Rounds:
                      self.stats.round + 1, result.steps, self.end_slot)
             self.feedback.reset()
             return False
-        if self.poison is not None:
-            signed, outcome, stored_deltas = await self._publish_poisoned(payload, norms, base_slot, publish_slot)
+        if (signed := await self.chaos.publish_instead(payload, self.feedback.codec, base_slot, publish_slot)) is not None:
+            outcome = await self._add_own(signed, as_codec_local(signed.body.codec))  # counted here as by every peer
+            stored_deltas = PayloadDeltas.measured(Payload(self.feedback.codec, payload), self.shapes, norms)  # honest
             meta = update_meta(signed)
             clock.lap("publish")
             await self._track(meta, signed)
@@ -392,11 +388,10 @@ class Rounds:
                  result.mean_loss, result.seconds, signed.message_id.hex()[:16],
                  base_slot, meta.target_slot, len(payload), signed.body.payload_sha256.hex()[:12],
                  outcome.value if outcome else "refused")
-        if self.misbehave is not None:
-            honest = (payload, self.feedback.codec, result.tokens, result.steps)
-            for extra in await self.misbehave.act(base_slot, publish_slot, honest):
-                await self._add_own(extra, as_codec_local(extra.body.codec))
-                self.blobs.hold(extra.body.publish_slot + 1, extra.body.payload_sha256.hex())
+        honest = (payload, self.feedback.codec, result.tokens, result.steps)
+        for extra in await self.chaos.after_publish(base_slot, publish_slot, honest):
+            await self._add_own(extra, as_codec_local(extra.body.codec))
+            self.blobs.hold(extra.body.publish_slot + 1, extra.body.payload_sha256.hex())
         if not self.last_round:  # closed while the next round trains (`_train_through_close`)
             # Its Δ is read once, when the next round's base subtracts it: decoded then from the mapped blob.
             self.pending = PendingUpdate(meta.target_slot, result.steps, stored_deltas)
@@ -413,20 +408,9 @@ class Rounds:
         log.info("round %d timing: %s", self.stats.round, " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
         return True
 
-    async def _publish_poisoned(self, payload: bytes, norms: dict[str, float], base_slot: int, publish_slot: int):
-        """`--misbehave poison:KIND`: publish the hostile version of this round's update and add it here
-        like any peer's (a refusal is logged); the next round starts from the honest Δ."""
-        data, codec, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, self.feedback.codec,
-                                                                   publish_slot + 1)
-        signed = await self.host.publish_update(data, base_slot=base_slot, publish_slot=publish_slot, tokens=tokens,
-                                                inner_steps=steps, codec=codec, shapes=shapes_field(self.shapes))
-        outcome = await self._add_own(signed, as_codec_local(codec))
-        honest = Payload(self.feedback.codec, payload)
-        return signed, outcome, PayloadDeltas.measured(honest, self.shapes, norms)
-
     async def _add_own(self, signed, codec: Codec) -> Outcome | None:
-        """Add an update this node published besides its round's (`--misbehave`) from its stored blob, as
-        every peer does; a refusal (e.g. poison:tokens' claim, refused here as by every peer) is logged."""
+        """Add an update this node published besides or instead of its round's (`RoundChaos`) from its stored
+        blob, as every peer does; a refusal (e.g. poison:tokens' claim, refused here as by every peer) is logged."""
         meta = update_meta(signed)
         stored = Payload(codec, map_blob(self.host.blob_path(signed.body.payload_sha256.hex())))
         try:

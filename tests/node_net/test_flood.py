@@ -46,7 +46,7 @@ async def test_a_flooding_peer_counts_for_nothing_and_leaves_a_few_payloads_per_
     assert all(r.reason == "max-rounds reached" for r in results.values()), results
     assert len({r.line() for r in results.values()}) == 1, results  # equal digests, the flooder's too
 
-    flooded = set(f.rounds.misbehave.flooded)
+    flooded = set(f.rounds.chaos.misbehave.flooded)
     assert len(flooded) == f.stats.round * Misbehave.FLOOD and f.stats.round >= 1
     limit = a.ledger_config.max_updates_per_origin
     for honest in (a, b):
