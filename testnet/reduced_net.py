@@ -12,11 +12,11 @@ judges it from that piece of every update (``protocol.reduced.fraud``): a proven
 every replica by the checker's reduction (the window replayed) and the liar leaves the eligible set, a false
 accuser leaves it instead.
 
-Counting: a gossiped record (header, commitment, seal, partials, reduction) reaches every other node once
-and each node forwards, on average, what it receives (the mesh's steady state), so it counts once in and
-once out per node (a carried update's header counts once, in the slot it was published); a fetched range (raw pieces, a reduced shard) counts in at the fetcher and out at the
-server. All-to-all, counted the same way over the same updates, is every node fetching every other
-payload.
+Counting: a gossiped record (header, commitment, seal, partials, reduction, fraud proof) reaches every other
+node once and each node forwards, on average, what it receives (the mesh's steady state), so it counts once
+in and once out per node (a carried update's header once, in the slot it was published); a fetched range
+(raw pieces with their Merkle proof, a reduced shard) counts in at the fetcher and out at the server.
+All-to-all, counted the same way over the same updates, is every node fetching every other payload.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ class ReducedNet:
             replica.apply(slot, shards)
 
         # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces; where they
-        # differ it signs a fraud proof, which every node judges from the shard's raw pieces (protocol.reduced.fraud)
+        # differ it signs a fraud proof, which every node judges from the named piece (protocol.reduced.fraud)
         for k in range(self.plan.shards):
             if len(roles[k]) < 2 or any(shard == k for shard, _ in report.refused):
                 continue
@@ -233,7 +233,7 @@ class ReducedNet:
             piece = first_difference(self.plan, drawn, mine, theirs, self.reduction_codec)
             if piece is None and checker not in false_checkers:
                 continue
-            named = next(p for p in pieces if p.index == piece) if piece is not None else drawn[0] if drawn else pieces[0]
+            named = self.plan.pieces[piece] if piece is not None else (drawn or pieces)[0]  # a false accuser's pick
             proof = make_fraud(self.by_peer[checker], slot, k, reductions[k], named.index)
             gossip("fraud proofs", proof.size, checker)
             for i, (c, data) in sealed.items():  # every node fetches the named piece of every sealed update

@@ -21,6 +21,7 @@ the model), once per proof.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from protocol.identity import Identity

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-__all__ = ["leaf", "path", "range_proof", "root", "verify_path", "verify_range"]
+__all__ = ["leaf", "range_proof", "root", "verify_range"]
 
 
 def leaf(data: bytes) -> bytes:
@@ -33,32 +33,6 @@ def _levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
 
 def root(leaves: Sequence[bytes]) -> bytes:
     return _levels(leaves)[-1][0]
-
-
-def path(leaves: Sequence[bytes], index: int) -> list[bytes]:
-    """The siblings from leaf ``index`` up to the root (an unpaired node has none at its level)."""
-    out = []
-    for level in _levels(leaves)[:-1]:
-        sibling = index ^ 1
-        if sibling < len(level):
-            out.append(level[sibling])
-        index //= 2
-    return out
-
-
-def verify_path(root_hash: bytes, count: int, index: int, leaf_hash: bytes, siblings: Sequence[bytes]) -> bool:
-    """Whether ``leaf_hash`` is leaf ``index`` of ``count`` under ``root_hash`` by ``siblings``."""
-    if not 0 <= index < count:
-        return False
-    node, width, used = leaf_hash, count, 0
-    while width > 1:
-        if index ^ 1 < width:
-            if used == len(siblings):
-                return False
-            node = _parent(siblings[used], node) if index & 1 else _parent(node, siblings[used])
-            used += 1
-        index, width = index // 2, (width + 1) // 2
-    return used == len(siblings) and node == root_hash
 
 
 def range_proof(leaves: Sequence[bytes], lo: int, hi: int) -> list[bytes]:
