@@ -40,7 +40,7 @@ from protocol.reduced import (Commitment, PartialScreen, ReducedReplica, Seal, S
                               winning_seal)
 from protocol.reduced.bounds import check_reduction, reduction_bounds
 from protocol.reduced.fraud import first_difference, judge, make_fraud
-from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
+from protocol.reduced.records import PARTIALS, REDUCTION, Record, pack_floats, sign_record
 from protocol.reduced.slot import piece_leaves, pieces_proof
 
 __all__ = ["ReducedNet", "SlotReport"]
@@ -187,78 +187,92 @@ class ReducedNet:
         for name in self.plan.shapes:
             coefficients[name], scales[name] = slot_terms(entries, name, self.config, screen)
 
-        # reductions, fetched by every node
-        shards: dict[int, bytes] = {}
-        honest: dict[int, bytes] = {}
-        reductions = {}
-        for k in range(self.plan.shards):
-            pieces, aggregator = self.plan.shard(k), roles[k][0]
-            result = reduce_pieces(values, pieces, coefficients, scales)
-            honest[k] = self.plan.encode(result, pieces, self.reduction_codec)
-            factor = liars.get(aggregator)
-            shards[k] = honest[k] if factor is None else \
-                self.plan.encode({i: (x * np.float32(factor)).astype(np.float32) for i, x in result.items()},
-                                 pieces, self.reduction_codec)
-            reductions[k] = rec = sign_record(self.by_peer[aggregator], REDUCTION,
-                                              [slot, k, seal.record.id, hashlib.sha256(shards[k]).digest()])
-            gossip("reductions", rec.size, aggregator)
-            for p in self.peers:
-                fetch("reduced shards", p, aggregator, len(shards[k]))
-        bounds = reduction_bounds(entries, self.config)  # every node checks every shard before stepping with it
-        for k in range(self.plan.shards):
-            pieces = self.plan.shard(k)
-            try:
-                check_reduction(self.plan.decode(shards[k], pieces, self.reduction_codec), pieces, bounds,
-                                self.reduction_codec)
-            except RemoteProtocolError:  # refused by name: its successor's reduction is fetched instead
-                report.refused.append((k, roles[k][0]))
-                self.excluded.add(roles[k][0])
-                shards[k] = honest[k]
-                for p in self.peers:
-                    fetch("reduced shards", p, roles[k][min(1, len(roles[k]) - 1)], len(honest[k]))
-        for replica in self.replicas.values():
-            replica.apply(slot, shards)
+        # reductions: each shard's first live reducer publishes, every node fetches it and holds it to the
+        # headers' norm bound (past it: refused by name, the next reducer's is fetched); then the next one in the
+        # shard's order checks it, and every node judges its fraud proof (protocol.reduced.fraud): a proven lie is
+        # replaced by the checker's own reduction, which the next one in the order checks in turn
+        bounds = reduction_bounds(entries, self.config)
+        honest = {k: self.plan.encode(reduce_pieces(values, self.plan.shard(k), coefficients, scales),
+                                      self.plan.shard(k), self.reduction_codec) for k in range(self.plan.shards)}
 
-        # checks: each checker draws pieces by its own coin and re-reduces them from their raw pieces; where they
-        # differ it signs a fraud proof, which every node judges from the named piece (protocol.reduced.fraud)
+        def publish(k: int, at: int, kind: str) -> tuple[int, bytes, Record | None]:
+            """Shard ``k``'s reduction by the ``at``-th of its order or, past the bound, a later one's."""
+            while True:
+                pieces = self.plan.shard(k)
+                if at == len(roles[k]):  # nobody left to reduce it: every node reduces it from the raw pieces
+                    for c, payload in sealed.values():
+                        for p in self.peers:
+                            fetch("raw shards", p, c.meta.origin, len(self.plan.cut(payload, pieces, self.codec)))
+                    return at, honest[k], None
+                member = roles[k][at]
+                factor = liars.get(member)
+                data = honest[k] if factor is None else self.plan.encode(
+                    {i: (x * np.float32(factor)).astype(np.float32)
+                     for i, x in self.plan.decode(honest[k], pieces, self.reduction_codec).items()},
+                    pieces, self.reduction_codec)
+                rec = sign_record(self.by_peer[member], REDUCTION, [slot, k, seal.record.id, hashlib.sha256(data).digest()])
+                gossip("reductions", rec.size, member)
+                for p in self.peers:
+                    fetch(kind, p, member, len(data))
+                try:
+                    check_reduction(self.plan.decode(data, pieces, self.reduction_codec), pieces, bounds,
+                                    self.reduction_codec)
+                    return at, data, rec
+                except RemoteProtocolError:  # refused by name, on every node
+                    report.refused.append((k, member))
+                    self.excluded.add(member)
+                    at += 1
+
+        standing = {k: publish(k, 0, "reduced shards") for k in range(self.plan.shards)}
+        for replica in self.replicas.values():
+            replica.apply(slot, {k: data for k, (_, data, _) in standing.items()})
         for k in range(self.plan.shards):
-            if len(roles[k]) < 2 or any(shard == k for shard, _ in report.refused):
-                continue
-            aggregator, checker, pieces = roles[k][0], roles[k][1], self.plan.shard(k)
-            drawn = self._draw(pieces)
-            for i, (c, data) in sealed.items():
-                fetch("checks", checker, c.meta.origin, len(self.plan.cut(data, drawn, self.codec)))
-            mine = self.plan.encode(reduce_pieces(values, drawn, coefficients, scales), drawn, self.reduction_codec)
-            theirs = self.plan.within(shards[k], pieces, drawn, self.reduction_codec)
-            piece = first_difference(self.plan, drawn, mine, theirs, self.reduction_codec)
-            if piece is None and checker not in false_checkers:
-                continue
-            named = self.plan.pieces[piece] if piece is not None else (drawn or pieces)[0]  # a false accuser's pick
-            proof = make_fraud(self.by_peer[checker], slot, k, reductions[k], named.index)
-            gossip("fraud proofs", proof.size, checker)
-            for i, (c, data) in sealed.items():  # every node fetches the named piece of every sealed update
-                part, siblings = self.plan.cut(data, [named], self.codec), pieces_proof(leaves[i], [named])
-                c.check_pieces(named.index, [part], siblings)
-                for p in self.peers:
-                    fetch("fraud proofs", p, c.meta.origin, len(part) + 32 * len(siblings))
-            accused = self.plan.within(shards[k], pieces, [named], self.reduction_codec)
-            if judge(self.plan, named, accused, values, coefficients, scales, self.reduction_codec):
-                rest = [p for p in pieces if p not in drawn]  # the checker reduces the whole shard and publishes it
-                for i, (c, data) in sealed.items():
-                    fetch("fraud proofs", checker, c.meta.origin, len(self.plan.cut(data, rest, self.codec)))
-                check_reduction(self.plan.decode(honest[k], pieces, self.reduction_codec), pieces, bounds,
-                                self.reduction_codec)
-                for p in self.peers:
-                    fetch("fraud proofs", p, checker, len(honest[k]))
+            at, data, rec = standing[k]
+            while at + 1 < len(roles[k]):
+                lied = self._check(slot, k, roles[k][at + 1], data, rec, sealed, leaves, values, coefficients,
+                                   scales, roles[k][at + 1] in false_checkers, fetch, gossip)
+                if lied is None:
+                    break
+                if not lied:
+                    self.excluded.add(roles[k][at + 1])
+                    report.false_accusations.append((k, roles[k][at + 1]))
+                    break
+                self.excluded.add(roles[k][at])
+                report.caught.append((k, roles[k][at]))
+                at, data, rec = publish(k, at + 1, "fraud proofs")  # the checker's own reduction
                 for replica in self.replicas.values():
-                    replica.replace(slot, k, honest[k])
-                self.excluded.add(aggregator)
-                report.caught.append((k, aggregator))
-            else:
-                self.excluded.add(checker)
-                report.false_accusations.append((k, checker))
+                    replica.replace(slot, k, data)
         self.slot = slot
         return report
+
+    def _check(self, slot: int, k: int, checker: str, data: bytes, reduction: Record, sealed: Mapping, leaves: Mapping,
+               values: Mapping, coefficients: Mapping, scales: Mapping, accuses: bool, fetch, gossip) -> bool | None:
+        """``checker``'s check of shard ``k``'s reduction ``data``: None when it finds nothing (and ``accuses``
+        is false), else every node's judgement of its fraud proof: True, the reduction lied; False, the
+        accuser did. A proven checker fetches the pieces it did not draw, to reduce the whole shard."""
+        pieces, codec = self.plan.shard(k), self.reduction_codec
+        drawn = self._draw(pieces)
+        for c, payload in sealed.values():
+            fetch("checks", checker, c.meta.origin, len(self.plan.cut(payload, drawn, self.codec)))
+        mine = self.plan.encode(reduce_pieces(values, drawn, coefficients, scales), drawn, codec)
+        piece = first_difference(self.plan, drawn, mine, self.plan.within(data, pieces, drawn, codec), codec)
+        if piece is None and not accuses:
+            return None
+        named = self.plan.pieces[piece] if piece is not None else (drawn or pieces)[0]  # a false accuser's pick
+        proof = make_fraud(self.by_peer[checker], slot, k, reduction, named.index)
+        gossip("fraud proofs", proof.size, checker)
+        for i, (c, payload) in sealed.items():  # every node fetches the named piece of every sealed update
+            part, siblings = self.plan.cut(payload, [named], self.codec), pieces_proof(leaves[i], [named])
+            c.check_pieces(named.index, [part], siblings)
+            for p in self.peers:
+                fetch("fraud proofs", p, c.meta.origin, len(part) + 32 * len(siblings))
+        lied = judge(self.plan, named, self.plan.within(data, pieces, [named], codec), values, coefficients, scales,
+                     codec)
+        if lied:
+            rest = [p for p in pieces if p not in drawn]
+            for c, payload in sealed.values():
+                fetch("fraud proofs", checker, c.meta.origin, len(self.plan.cut(payload, rest, self.codec)))
+        return lied
 
     def _draw(self, pieces: list) -> list:
         """A checker's draw of ``pieces``: ``q·m`` of the ``m`` on average, ⌊q·m⌋ or one more, which ones by its

@@ -71,6 +71,21 @@ def test_a_dead_aggregators_successor_and_a_caught_liar_leave_the_honest_bits():
     assert len(digests) == 1
 
 
+def test_a_lying_checkers_replacement_is_checked_in_turn():
+    honest, _ = _run()
+    net = _net(q=1.0)
+    reports = []
+    for r, updates in enumerate(_updates(net, 3)):
+        liars = None
+        if r == 1:  # shard 2's aggregator and its checker lie in every shard they reduce
+            order = reducers(net.slot + 1, 2, sorted(net.eligible - net.excluded))
+            liars = {order[0]: -1.0, order[1]: -1.0}
+        reports.append(net.close([(p, d, net.slot, t, s) for p, d, _, t, s in updates], liars=liars))
+    caught = [who for shard, who in reports[1].caught if shard == 2]
+    assert caught == [order[0], order[1]] and net.agree()
+    assert next(iter(net.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
+
+
 def test_a_false_accusation_is_judged_by_every_node_and_costs_the_accuser_its_roles():
     honest, _ = _run()
     accused, reports = _run(accuser_at=1)
