@@ -12,9 +12,12 @@ aggregator from its contributors' committed pieces, and every node applies the `
 * :mod:`~protocol.reduced.slot`: commitments, header entries, screen partials, reductions;
 * :mod:`~protocol.reduced.bounds`: the norm every node holds a reduced shard to;
 * :mod:`~protocol.reduced.fraud`: a checker's fraud proof, and every node's judgement of it;
-* :mod:`~protocol.reduced.replica`: a node's state stepped with reductions.
+* :mod:`~protocol.reduced.replica`: a node's state stepped with reductions;
+* :mod:`~protocol.reduced.participant`: one node's part in closing slots, a state machine fed the messages the
+  network brings (its slot's state and the actions it asks for: :mod:`~protocol.reduced.slot_state`).
 
-Sans-IO, like the rest of :mod:`protocol`; ``testnet.benchmarks.traffic`` runs it among in-process nodes.
+Sans-IO, like the rest of :mod:`protocol`; ``testnet.reduced_net`` drives one participant per node in process
+(``testnet.benchmarks.traffic`` and ``reduced_quality`` measure it).
 """
 
 from protocol.reduced.plan import ModelPiece, ShardPlan

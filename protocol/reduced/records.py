@@ -7,8 +7,8 @@ canonical: no msgpack floats), signed by its author with the run's one signing d
     signing_input = b"diloco/v1:" + kind + b":" + msgpack(fields)        id = SHA-256(signing_input)
 
 so no record verifies as another kind or as a gossiped message (``protocol.signing``). PROTOCOL.md §15
-gives the fields; these are the in-process forms the reduced slot is built and measured with, not yet wire
-messages of the node.
+gives the fields. :mod:`protocol.reduced.participant` signs and reads them; the node's gossip and blob planes
+do not carry them yet.
 """
 
 from __future__ import annotations

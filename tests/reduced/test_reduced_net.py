@@ -110,6 +110,17 @@ def test_an_uncaught_liar_moves_the_model_and_the_replicas_still_agree():
     assert next(iter(lied.replicas.values())).digest() != next(iter(honest.replicas.values())).digest()
 
 
+@pytest.mark.parametrize("shuffle", [1, 2, 3])
+def test_gossip_that_comes_late_and_out_of_order_leaves_the_same_bits(shuffle):
+    """Each node takes reductions and fraud proofs in its own order, some only passes later: a replacement
+    before the judgement that calls for it, a fraud proof before the reduction it accuses."""
+    in_order, _ = _run(rounds=3, liar_at=1, dead_at=2, accuser_at=0, q=1.0)
+    shuffled, reports = _run(rounds=3, liar_at=1, dead_at=2, accuser_at=0, q=1.0, shuffle=shuffle)
+    assert reports[0].false_accusations and reports[1].caught and reports[2].fall_backs  # the dead one reduces 2 of 6
+    assert shuffled.agree() and shuffled.excluded == in_order.excluded
+    assert next(iter(shuffled.replicas.values())).digest() == next(iter(in_order.replicas.values())).digest()
+
+
 def test_a_flood_of_contributors_is_capped_by_the_seal():
     net = _net(cap=4)
     updates = _updates(net, 1, extra=0)[0]
