@@ -11,15 +11,19 @@ momentum steps in two seconds took every node's held-out loss from ~3 to ~5.2 bi
 The rule (`catch_up_target`). The *evidence* for slot ``r`` is the set of distinct origins of the updates
 held for slots ``≥ r``.
 
-* Quorum: ``min(2, peers)`` origins (``peers``: the node's connected peers; a run of two nodes follows
-  its one peer). The replica catches up at once to the highest slot with a quorum of evidence: several
-  nodes being there means the run is there.
-* A single origin ahead moves the replica by at most one slot, and only when the replica's last slot
-  close (of any kind) was at least ``min_gap_s`` ago (the caller passes half the run's measured round
-  time), and only when the open slot already holds an update of another origin. Healthy runs close about
-  one slot per round, so this never delays them; a node that publishes faster than the run moves nobody
-  faster than about two slots per round; and it cannot make a replica close a slot that holds nothing but
-  its own update (measured: an honest node closed such a slot on a hostile node's word, nobody published
+* Quorum: a majority of the run as this node sees it, ``⌊(peers + 1) / 2⌋ + 1`` origins of its ``peers +
+  1`` nodes (``peers``: its connected peers; at most ``peers``, so a run of two follows its one peer and a
+  run of three follows two). The replica catches up at once to the highest slot with a quorum of evidence:
+  most of the run being there means the run is there. A fixed quorum of two let two colluding members of
+  a larger run move every honest replica to any slot they published for (measured in a run of two honest
+  nodes and two colluders: the honest nodes reached the run's last slot after 10 of their rounds instead
+  of ~24); a minority now moves a replica only by the one-slot rule below.
+* Fewer origins ahead than a quorum (a single one, or colluders) move the replica by at most one slot,
+  and only when the replica's last slot close (of any kind) was at least ``min_gap_s`` ago (the caller
+  passes half the run's measured round time), and only when the open slot already holds an update of an
+  origin that is not ahead. Healthy runs close about one slot per round, so this never delays them; nodes
+  that publish faster than the run move nobody faster than about two slots per round; and they cannot make
+  a replica close a slot that holds nothing but their own updates (measured: an honest node closed such a slot on a hostile node's word, nobody published
   into it afterwards, and the slot's final set was the hostile update alone, which no median can bound;
   every honest node took its ×10⁴ step). The slot then closes by the node's own policy, with its own
   update in it.
@@ -36,9 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-__all__ = ["catch_up_target"]
+__all__ = ["catch_up_target", "quorum"]
 
-QUORUM_ORIGINS = 2
+
+
+def quorum(peers: int) -> int:
+    """Origins whose evidence moves a replica at once: a majority of ``peers + 1`` nodes, at most ``peers``."""
+    return max(1, min(peers, (peers + 1) // 2 + 1))
 
 
 def catch_up_target(open_slot: int, held_origins: Mapping[int, Collection[str]], *, peers: int, now: float,
@@ -50,11 +58,11 @@ def catch_up_target(open_slot: int, held_origins: Mapping[int, Collection[str]],
     future = sorted((s for s in held_origins if s > open_slot), reverse=True)
     if not future:
         return open_slot
-    quorum = max(1, min(QUORUM_ORIGINS, peers))
+    needed = quorum(peers)
     evidence: set[str] = set()
     for slot in future:  # highest first: evidence for `slot` is every origin held at or above it
         evidence |= set(held_origins[slot])
-        if len(evidence) >= quorum:
+        if len(evidence) >= needed:
             return slot
     if not set(open_origins) - evidence:
         return open_slot  # the open slot holds only the origin ahead (or nothing): it would close thin

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from protocol.ledger import Ledger, LedgerConfig, UpdateMeta, catch_up_target
+from protocol.ledger.catchup import quorum
 
 GAP = 5.0  # half the run's round time
 
@@ -16,10 +17,21 @@ def target(held: dict[int, set[str]], *, peers: int = 5, now: float = 100.0, las
                            open_origins=open_origins)
 
 
-def test_two_origins_ahead_move_the_replica_at_once() -> None:
-    assert target({13: {"a"}, 12: {"b"}}) == 12, "two origins at or past 12: the run is at 12"
-    assert target({13: {"a", "b"}}) == 13
-    assert target({}) == 10 and target({11: {"a", "b"}}) == 11
+def test_a_majority_of_the_run_ahead_moves_the_replica_at_once() -> None:
+    assert target({13: {"a"}, 12: {"b"}}, peers=2) == 12, "two of a run of three at or past 12: the run is at 12"
+    assert target({13: {"a", "b"}}, peers=2) == 13
+    assert target({}) == 10 and target({11: {"a", "b"}}, peers=2) == 11
+    assert target({13: {"a", "b"}, 12: {"c"}, 11: {"d"}}, peers=5) == 11, "four of six at or past 11"
+    assert [quorum(p) for p in (1, 2, 3, 4, 5, 7, 15)] == [1, 2, 3, 3, 4, 5, 9]
+
+
+def test_colluders_short_of_a_majority_move_the_replica_one_slot_per_gap_at_most() -> None:
+    """Two colluding members of a run of four publish for slots far ahead: the two honest nodes follow
+    them no faster than the one-slot rule, not to the slot they named."""
+    ahead = {11: {"x", "y"}, 12: {"x", "y"}, 30: {"x", "y"}}
+    assert target(ahead, peers=3, last=99.0) == 10
+    assert target(ahead, peers=3, last=94.0) == 11
+    assert target({**ahead, 12: {"x", "y", "honest"}}, peers=3, last=99.0) == 12, "with an honest peer: a majority"
 
 
 def test_one_origin_ahead_moves_the_replica_one_slot_per_gap_at_most() -> None:
@@ -36,7 +48,7 @@ def test_one_origin_ahead_never_closes_a_slot_holding_only_its_updates() -> None
     assert target(ahead, last=None, open_origins=frozenset({"x"})) == 10
     assert target(ahead, last=None, open_origins=frozenset()) == 10
     assert target(ahead, last=None, open_origins=frozenset({"x", "me"})) == 11
-    assert target({11: {"x"}, 12: {"y"}}, open_origins=frozenset({"x"})) == 11, "a quorum still moves it"
+    assert target({11: {"x"}, 12: {"y"}}, peers=2, open_origins=frozenset({"x"})) == 11, "a quorum still moves it"
 
 
 def test_a_run_of_two_follows_its_one_peer() -> None:
