@@ -25,9 +25,9 @@ from pathlib import Path
 __all__ = ["KNOWN_LONG", "MAX_LINES", "PACKAGES", "Finding", "check", "main"]
 
 MAX_LINES = 500
-# modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50): the two
-# sans-IO state machines and the node's wiring
-KNOWN_LONG = {"protocol/gossip/router.py": 525, "protocol/ledger/ledger.py": 535}
+# modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50): the gossip
+# router's state machine (the ledger's went under in session 42: its snapshots are protocol/ledger/restore.py)
+KNOWN_LONG = {"protocol/gossip/router.py": 525}
 PACKAGES = ("protocol", "p2p", "node", "diloco", "testnet")
 ALLOWED = {"protocol": set(), "p2p": {"protocol"}, "node": {"protocol", "p2p"},
            "diloco": {"protocol", "p2p", "node"}, "testnet": {"protocol", "p2p", "node", "diloco"}}

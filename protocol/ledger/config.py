@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from protocol.errors import LocalProtocolError
 from protocol.ledger.rules import DEFAULT_RULE, check_rule_name
 
-__all__ = ["Aggregation", "LedgerConfig", "Outcome", "StalePolicy", "UpdateMeta", "Weighting"]
+__all__ = ["COUNTERS", "EVICTED", "ORPHANED", "RELEASED", "Aggregation", "LedgerConfig", "Outcome", "StalePolicy", "UpdateMeta",
+           "Weighting"]
 
 ID_BYTES = 32
 
@@ -55,6 +56,12 @@ class Outcome(enum.StrEnum):
     DROPPED_SURPLUS = "dropped-surplus"  # its origin already has more updates in the slot, all with smaller ids
     DUPLICATE = "duplicate"  # this update id was seen before: ignored
     HELD_FUTURE = "held-future"  # the sender is ahead: held until its slot opens here
+
+
+RELEASED = "released"  # counter: held updates moved into a newly opened slot
+ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
+EVICTED = "evicted"  # counter: entries that left their slot for a smaller id of their origin (`bound.surplus`)
+COUNTERS = (*(o.value for o in Outcome), RELEASED, ORPHANED, EVICTED)  # every counter a ledger keeps
 
 
 class Weighting(enum.StrEnum):

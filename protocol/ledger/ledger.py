@@ -72,23 +72,20 @@ from protocol.ledger.aggregate import SlotEntry
 from protocol.ledger.bottom import WindowBottom
 from protocol.ledger.bound import check_claim, counted, surplus
 from protocol.ledger.entry import make_entry
-from protocol.ledger.config import LedgerConfig, Outcome, StalePolicy, UpdateMeta
+from protocol.ledger.config import EVICTED, ORPHANED, RELEASED, LedgerConfig, Outcome, StalePolicy, UpdateMeta
 from protocol.ledger.fork import LedgerView, Placed, Totals, weigh
 from protocol.ledger.outer import fold_change, step_slots
 from protocol.ledger.rules import outer_rule
 from protocol.ledger.payload import Payload
 from protocol.ledger.slot import LiveSlot
-from protocol.ledger.snapshot import LedgerSnapshot, SnapshotEntry
-from protocol.ledger.snapshot_check import check_snapshot
-from protocol.ledger.storage import STATE_DTYPE, BottomStore, owned_working_state
+from protocol.ledger.restore import restored, snapshot_of
+from protocol.ledger.snapshot import LedgerSnapshot
+from protocol.ledger.storage import STATE_DTYPE, BottomStore
 from protocol.ledger.weights import check_meta, update_weight
 from protocol.parallel import parallel_map
 
 __all__ = ["ClosedSlot", "Ledger"]
 
-RELEASED = "released"  # counter: held updates moved into a newly opened slot
-ORPHANED = "orphaned"  # counter: ids marked seen without being applied (`Ledger.ignore`, fork choice)
-EVICTED = "evicted"  # counter: entries that left their slot for a smaller id of their origin (`bound.surplus`)
 
 
 @dataclass(frozen=True)
@@ -418,28 +415,11 @@ class Ledger:
         digest"). No replay: the bottom is hashed by the sweep that advances it (:meth:`advance_bottom`)."""
         return dg.state_digest(self.bottom_digest(), self.ledger_digest())
 
-    # -- snapshots ----------------------------------------------------------------------------------
+    # -- snapshots (protocol.ledger.restore) --------------------------------------------------------
     def snapshot(self) -> LedgerSnapshot:
         """The full persistent state as plain data (arrays are copies, the bottom's in arrays of the bottom
         store / read-only deltas)."""
-        self.advance_bottom()
-        live = [e for s in sorted(self._slots) for e in self._slots[s].entries]
-        held = [e for s in sorted(self._held) for e in self._held[s]]
-        base_params, base_momentum = self._bottom.store_copies()
-        return LedgerSnapshot(
-            slot=self._n,
-            base_slot=self._base,
-            config=self.config.fingerprint(),
-            shapes=dict(self._shapes),
-            base_params=base_params,
-            base_momentum=base_momentum,
-            entries=tuple(SnapshotEntry(e.meta, e.slot, e.deltas, e.payload) for e in live + held),
-            chain=self._chain,
-            seen=tuple(sorted(self._seen)),
-            counters=dict(self._counters),
-            applied_tokens=self._final.tokens,
-            applied_sum=self._final.placement,
-        )
+        return snapshot_of(self)
 
     @classmethod
     def from_snapshot(
@@ -462,26 +442,7 @@ class Ledger:
         these ``shapes``, and that its entries are consistent (:mod:`protocol.ledger.snapshot_check`);
         ``RemoteProtocolError(BAD_STATE)`` if not.
         """
-        check_snapshot(snap, config, shapes, [*(o.value for o in Outcome), RELEASED, ORPHANED, EVICTED])
-        if working is not None:
-            working = tuple(owned_working_state(part, snap.shapes, what) for part, what in zip(working, ("θ", "v")))
-        self = cls.__new__(cls)
-        self.config = config
-        self._rule = outer_rule(config)
-        self._shapes = {name: tuple(snap.shapes[name]) for name in sorted(snap.shapes)}
-        entries = [self._make_entry(e.meta, e.slot, e.deltas, e.payload)[0] for e in snap.entries]
-        self._restore(
-            snap.slot,
-            snap.base_slot,
-            WindowBottom(self._shapes, snap.base_params, snap.base_momentum, bottom),
-            snap.chain,
-            Totals(snap.applied_tokens, snap.applied_sum),
-            entries,
-            set(snap.seen),
-            Counter(snap.counters),
-            working,
-        )
-        return self
+        return restored(cls, snap, config, shapes, bottom, working)
 
     # -- internals ----------------------------------------------------------------------------------
     def _count(self, outcome: Outcome) -> Outcome:
