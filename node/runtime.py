@@ -345,9 +345,9 @@ class NodeRuntime:
 
     def _catch_up_pace(self) -> tuple[int, float]:
         """For `Replica.pace`: connected peers, and the least time between slot closes on one origin's
-        word — half the run's measured round (`protocol.ledger.catchup`)."""
+        word — the run's measured round (`protocol.ledger.catchup`)."""
         round_s = self.rounds.peer_clock.target_seconds() if self.rounds is not None else None
-        return len(self.host.connected_peers()), 0.5 * (round_s or 0.0)
+        return len(self.host.connected_peers()), round_s or 0.0
 
     async def _repair(self, peer: str) -> None:
         """Pull the updates `peer` holds and we missed (see `node.sync.repair`); one comparison per peer at a

@@ -20,10 +20,12 @@ held for slots ``≥ r``.
   of ~24); a minority now moves a replica only by the one-slot rule below.
 * Fewer origins ahead than a quorum (a single one, or colluders) move the replica by at most one slot,
   and only when the replica's last slot close (of any kind) was at least ``min_gap_s`` ago (the caller
-  passes half the run's measured round time), and only when the open slot already holds an update of an
-  origin that is not ahead. Healthy runs close about one slot per round, so this never delays them; nodes
-  that publish faster than the run move nobody faster than about two slots per round; and they cannot make
-  a replica close a slot that holds nothing but their own updates (measured: an honest node closed such a slot on a hostile node's word, nobody published
+  passes the run's measured round time), and only when the open slot already holds an update of an origin
+  that is not ahead. Healthy runs close about one slot per round by their own policy, so this never delays
+  them, and nodes that publish faster than the run do not hurry it: a close of either kind waits a round
+  for the next one by this rule. (With half a round, in a run of two honest nodes and two colluders, an
+  honest node ran 15 rounds to the run's end against 22 for an honest pair.) Nor can they make a replica
+  close a slot that holds nothing but their own updates (measured: an honest node closed such a slot on a hostile node's word, nobody published
   into it afterwards, and the slot's final set was the hostile update alone, which no median can bound;
   every honest node took its ×10⁴ step). The slot then closes by the node's own policy, with its own
   update in it.

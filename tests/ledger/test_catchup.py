@@ -8,7 +8,7 @@ import numpy as np
 from protocol.ledger import Ledger, LedgerConfig, UpdateMeta, catch_up_target
 from protocol.ledger.catchup import quorum
 
-GAP = 5.0  # half the run's round time
+GAP = 5.0  # the run's round time
 
 
 def target(held: dict[int, set[str]], *, peers: int = 5, now: float = 100.0, last: float | None = 99.0,
@@ -37,7 +37,7 @@ def test_colluders_short_of_a_majority_move_the_replica_one_slot_per_gap_at_most
 def test_one_origin_ahead_moves_the_replica_one_slot_per_gap_at_most() -> None:
     burst = {11: {"x"}, 12: {"x"}, 13: {"x"}, 40: {"x"}}  # a burst of short rounds, or a publish_slot jump
     assert target(burst, last=99.0) == 10, "closed a slot 1 s ago: wait"
-    assert target(burst, last=94.0) == 11, "half a round since the last close: one slot"
+    assert target(burst, last=94.0) == 11, "a round since the last close: one slot"
     assert target(burst, last=None) == 11
 
 
