@@ -55,7 +55,7 @@ from p2p.transport import format_addr, listener_addr, open_listener
 from protocol import signing
 from protocol.errors import LocalProtocolError, Reason
 from protocol.gossip import Action, Deliver, Dial, Disconnect, Fetch, Reject, Router, Send
-from protocol.messages import Goodbye, PeerInfo, Signed, StateManifest, UpdateHeader
+from protocol.messages import Goodbye, PeerInfo, ReducedRecord, Signed, StateManifest, UpdateHeader
 from protocol.seen import SeqnoSource
 
 log = logging.getLogger("p2p.host")
@@ -70,7 +70,7 @@ class Delivery:
     source: str  # the peer we got it (and its blob) from
 
     @property
-    def body(self) -> UpdateHeader | Goodbye | StateManifest:
+    def body(self) -> UpdateHeader | Goodbye | StateManifest | ReducedRecord:
         return self.message.body
 
 
@@ -236,7 +236,14 @@ class Host(PeerLinks, BlobFetching):
         )
         return self._publish(body)
 
-    def _publish(self, body: UpdateHeader | StateManifest | Goodbye) -> Signed:
+    def publish_reduced(self, kind: bytes, fields: bytes, signature: bytes, header: bytes = b"") -> Signed:
+        """Gossip a record of a reduced run this host's identity signed (``protocol.reduced.records``: its kind,
+        its msgpack fields, its signature); a commitment with its update's signed header, wire-encoded."""
+        body = ReducedRecord(self.config.run_id, self.peer_id, self._seqnos.next(self.now()), kind.decode(), fields,
+                             signature, header)
+        return self._publish(body)
+
+    def _publish(self, body: UpdateHeader | StateManifest | Goodbye | ReducedRecord) -> Signed:
         signed = signing.sign(self.identity, body)
         self._execute(self.router.publish(signed, self.now()))
         log.info("published %s %s", body.KIND, signed.message_id.hex()[:16])

@@ -215,8 +215,25 @@ class StateManifest(Message):
     blobs: BlobRefs
 
 
-SignedBody = UpdateHeader | Goodbye | StateManifest
-B = TypeVar("B", UpdateHeader, Goodbye, StateManifest)
+@dataclass(frozen=True)
+class ReducedRecord(Message):
+    """A record of a reduced run (PROTOCOL.md §15) gossiped by its author, the origin: `record_kind` and
+    `fields` (the msgpack array) exactly as the record was signed, `record_signature` the record's own
+    signature. A commitment carries its update's signed header (its wire encoding) in `header`."""
+
+    KIND: ClassVar[str] = "reduced"
+    SIGNED: ClassVar[bool] = True
+    run_id: RunId
+    origin: PeerId
+    seqno: int
+    record_kind: Annotated[str, Size(1, 32)]
+    fields: Annotated[bytes, Size(1, 768 << 10)]
+    record_signature: Signature
+    header: Annotated[bytes, Size(0, 192 << 10)] = b""
+
+
+SignedBody = UpdateHeader | Goodbye | StateManifest | ReducedRecord
+B = TypeVar("B", UpdateHeader, Goodbye, StateManifest, ReducedRecord)
 
 
 @dataclass(frozen=True)
@@ -265,6 +282,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     UpdateHeader,
     Goodbye,
     StateManifest,
+    ReducedRecord,
 )
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in MESSAGE_TYPES}
 

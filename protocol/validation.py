@@ -32,11 +32,13 @@ from protocol.messages import (
     PeerExchange,
     PeerInfo,
     Prune,
+    ReducedRecord,
     Signed,
     StateManifest,
     UpdateHeader,
     split_addr,
 )
+from protocol.reduced.records import COMMITMENT, RECORD_KINDS
 from protocol.seen import ReplayWindow, SeenCache
 
 MAX_PAYLOAD_SIZE = 1 << 36  # 64 GiB: a sanity bound, not a policy
@@ -194,6 +196,13 @@ def _check_goodbye(validator: Validator, g: Goodbye) -> None:
     return None
 
 
+def _check_reduced(validator: Validator, r: ReducedRecord) -> None:
+    if r.record_kind.encode() not in RECORD_KINDS:
+        raise RemoteProtocolError(Reason.BAD_SCHEMA, f"record kind {r.record_kind[:32]!r}")
+    if bool(r.header) != (r.record_kind.encode() == COMMITMENT):
+        raise RemoteProtocolError(Reason.BAD_SCHEMA, "a commitment carries its update's header, no other record does")
+
+
 _APPLICATION_CHECKS = {
     Hello: _check_hello,
     PeerExchange: _check_peer_exchange,
@@ -201,4 +210,5 @@ _APPLICATION_CHECKS = {
     UpdateHeader: _check_update,
     StateManifest: _check_manifest,
     Goodbye: _check_goodbye,
+    ReducedRecord: _check_reduced,
 }

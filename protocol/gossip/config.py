@@ -121,6 +121,7 @@ class GossipConfig:
     anti_entropy_every: int = 30
     max_fetches_per_holder: int = 2  # blob fetches in flight from one peer (a tarpit never takes every slot)
     slow_holder_s: float = 300.0  # a holder that was too slow is tried after all others for this long
+    reduced_records: bool = False  # carry `reduced` records (a reduced run, PROTOCOL.md §15a); refused otherwise
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def __post_init__(self) -> None:

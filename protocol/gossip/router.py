@@ -72,20 +72,8 @@ from protocol.gossip.mesh import gossip_targets, plan_mesh
 from protocol.gossip.peers import PeerState, PeerTable
 from protocol.gossip.places import address_of, place_for
 from protocol.gossip.score import PeerScores
-from protocol.messages import (
-    Goodbye,
-    Graft,
-    Heartbeat,
-    Hello,
-    IHave,
-    IWant,
-    PeerExchange,
-    PeerInfo,
-    Prune,
-    Signed,
-    StateManifest,
-    UpdateHeader,
-)
+from protocol.messages import (Goodbye, Graft, Heartbeat, Hello, IHave, IWant, PeerExchange, PeerInfo, Prune,
+                               ReducedRecord, Signed, StateManifest, UpdateHeader)
 from protocol.validation import Validator
 
 AcceptHook = Callable[[Signed], None]  # raises RemoteProtocolError to refuse a message
@@ -284,7 +272,10 @@ class Router:
             return out
         if isinstance(body, StateManifest):
             return self._on_manifest(peer, message)
-        # the codec admits only the kinds above; a kind added to it needs its own branch here
+        if isinstance(body, ReducedRecord):  # delivered and forwarded; what it needs fetched, the node fetches
+            if not self.config.reduced_records:
+                return self._refuse(peer, Reason.BAD_STATE, "a reduced record in a run that is not reduced", now)
+            return self._hold(message, None, peer, {peer})
         raise TypeError(f"the router has no rule for signed {type(body).__name__} messages")
 
     def _on_manifest(self, peer: str, message: Signed) -> list[Action]:

@@ -295,9 +295,10 @@ class ReducedNode:
         held = [k for k in s.roles if self.holds(k) and self.awaits(k)]
         for k in held:
             out += self._wants("fraud proofs" if k in s.replacing else "raw shards", self.plan.shard(k))
-        if not out:
+        if not out:  # what was asked may still be on its way
             for k in held:
-                out += self._reduce(k)
+                if self._holds_raw(self.plan.shard(k)):
+                    out += self._reduce(k)
         for k in list(s.standing):
             out += self._check(k)
         for k in list(s.frauds):
@@ -330,6 +331,10 @@ class ReducedNode:
                 out.append(FetchPieces(kind, c.meta.origin, i, tuple(run)))
         return out
 
+    def _holds_raw(self, pieces: Sequence[ModelPiece]) -> bool:
+        s = self._current()
+        return all(p.index in s.raw.get(i, {}) for i in s.sealed for p in pieces)
+
     def _terms(self, names: Iterable[str]) -> tuple[dict[str, dict[bytes, float]], dict[str, float]]:
         """The coefficients and scales of tensors ``names`` (``MissingPartials`` while partials are missing)."""
         s = self._current()
@@ -345,7 +350,7 @@ class ReducedNode:
         pieces = [p for p in self.plan.pieces if p.name == name]
         known = s.partials.setdefault((name, key), {})
         mine = [p for p in pieces if p.index not in known and self.holds(self.plan.shard_of(p))
-                and all(p.index in s.raw.get(i, {}) for i in s.sealed)]
+                and self._holds_raw([p])]
         if mine:
             computed = piece_partials(s.raw, live, mine)
             flat = {i: flat_partials(v) for i, v in computed.items()}
@@ -408,7 +413,7 @@ class ReducedNode:
         pieces = self.plan.shard(k)
         drawn = s.draws.setdefault((k, at), self._draw(pieces))
         wants = self._wants("checks", drawn)
-        if wants or any(p.index not in s.raw.get(i, {}) for i in s.sealed for p in drawn):
+        if wants or not self._holds_raw(drawn):
             return wants
         try:
             coefficients, scales = self._terms(p.name for p in drawn)
@@ -435,7 +440,7 @@ class ReducedNode:
         s = self._current()
         record, piece = s.frauds[k]
         wants = self._wants("fraud proofs", [piece])
-        if wants or any(piece.index not in s.raw.get(i, {}) for i in s.sealed):
+        if wants or not self._holds_raw([piece]):
             return wants
         try:
             coefficients, scales = self._terms([piece.name])

@@ -21,13 +21,16 @@ from functools import cached_property
 
 import msgpack
 
+from protocol.errors import Reason, RemoteProtocolError
 from protocol.identity import Identity, verify_signature
 from protocol.messages import DOMAIN
 
-__all__ = ["COMMITMENT", "FRAUD", "PARTIALS", "REDUCTION", "SEAL", "Record", "floats", "pack_floats", "sign_record"]
+__all__ = ["COMMITMENT", "FRAUD", "PARTIALS", "RECORD_KINDS", "REDUCTION", "SEAL", "Record", "carried_record", "floats",
+           "pack_floats", "sign_record"]
 
 COMMITMENT, SEAL, PARTIALS, REDUCTION = b"reduced-commitment", b"reduced-seal", b"reduced-partials", b"reduced-reduction"
 FRAUD = b"reduced-fraud"
+RECORD_KINDS = frozenset({COMMITMENT, SEAL, PARTIALS, REDUCTION, FRAUD})
 
 
 def pack_floats(values: Sequence[float]) -> bytes:
@@ -67,6 +70,20 @@ class Record:
     def verify(self) -> None:
         """``RemoteProtocolError`` (BAD_IDENTITY, BAD_SIGNATURE) unless ``author`` signed it."""
         verify_signature(self.author, self.signature, self.signing_input)
+
+
+def carried_record(kind: str, fields: bytes, author: str, signature: bytes) -> Record:
+    """The record a gossiped ``ReducedRecord`` carries (``protocol.messages``): ``RemoteProtocolError``
+    (BAD_SCHEMA) unless ``fields`` is a msgpack array that packs back to the same bytes (so that the
+    signature covers what is read); the signature is checked by :meth:`Record.verify`."""
+    try:
+        values = msgpack.unpackb(fields, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise RemoteProtocolError(Reason.BAD_SCHEMA, f"a record's fields: {e}") from None
+    record = Record(kind.encode(), tuple(values) if isinstance(values, list) else (), author, signature)
+    if not isinstance(values, list) or record.body != fields:
+        raise RemoteProtocolError(Reason.BAD_SCHEMA, "a record's fields are not a canonical msgpack array")
+    return record
 
 
 def sign_record(identity: Identity, kind: bytes, fields: Sequence) -> Record:

@@ -12,7 +12,8 @@ from protocol import signing, wire
 from protocol.errors import Reason
 from protocol.gossip import Disconnect, Fetch, Reject
 from protocol.identity import Identity
-from protocol.messages import Goodbye, PeerExchange, PeerInfo, Signed, StateManifest
+from protocol.messages import Goodbye, PeerExchange, PeerInfo, ReducedRecord, Signed, StateManifest
+from protocol.reduced.records import SEAL, sign_record
 from testnet.faults import FaultPlan, Kill, Partition, make_plan
 
 FAST = dict(heartbeat_s=1.0, heartbeat_timeout_s=3.5)
@@ -263,6 +264,23 @@ def test_a_manifest_is_delivered_at_once_but_forwarded_only_by_nodes_holding_its
     net.settle()
     assert [d.message.message_id for d in net.nodes[2].delivered] == [signed.message_id]
     assert len(net.nodes[1].delivered) == 1, "holding it later does not deliver it twice"
+
+
+def test_reduced_records_are_carried_only_in_a_reduced_run() -> None:
+    for reduced in (False, True):
+        net = SimNet(3, target_peers=0, reduced_records=reduced, **FAST)
+        net.connect(0, 1)
+        net.connect(1, 2)
+        origin = net.nodes[0]
+        record = sign_record(origin.identity, SEAL, [4, [bytes(32)]])
+        body = ReducedRecord(RUN, origin.peer_id, origin.seqnos.next(net.now), SEAL.decode(), record.body,
+                             record.signature)
+        signed = signing.sign(origin.identity, body)
+        net._run(0, origin.router.publish(signed, net.now))
+        net.settle()
+        got = [[d.message.message_id for d in n.delivered] for n in net.nodes[1:]]
+        refused = [r.reason for r in net.nodes[1].rejects]
+        assert (got, refused) == (([[signed.message_id]] * 2, []) if reduced else ([[], []], [Reason.BAD_STATE]))
 
 
 def test_fetch_is_one_at_a_time_per_blob() -> None:

@@ -21,6 +21,7 @@ from protocol.messages import (
     PeerExchange,
     PeerInfo,
     Prune,
+    ReducedRecord,
     Signed,
     StateManifest,
     UpdateHeader,
@@ -85,6 +86,11 @@ def _goodbye(origin, run_id=RUN_ID):
     return st.builds(Goodbye, st.just(run_id), st.just(origin), small, text)
 
 
+def _reduced(origin, run_id=RUN_ID):  # the schema only: the record inside is checked by protocol.reduced.records
+    return st.builds(ReducedRecord, st.just(run_id), st.just(origin), small, st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=32),
+                     st.binary(min_size=1, max_size=200), b64, st.binary(max_size=200))
+
+
 def _manifest(origin, run_id=RUN_ID):
     return st.builds(StateManifest, st.just(run_id), st.just(origin), small, small, b32, b32, blobs)
 
@@ -126,4 +132,5 @@ BY_TYPE = {
     UpdateHeader: _schema_signed_of(_update),
     Goodbye: _schema_signed_of(_goodbye),
     StateManifest: _schema_signed_of(_manifest),
+    ReducedRecord: _schema_signed_of(_reduced),
 }

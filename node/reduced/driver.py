@@ -1,0 +1,252 @@
+"""A reduced run's slots closed over the node's real planes: one :class:`protocol.reduced.participant.ReducedNode`
+driven by gossip (records in ``ReducedRecord`` messages, PROTOCOL.md §15a), HTTP fetches
+(:mod:`node.reduced.plane`) and a wall-time slot clock.
+
+The clock, per slot, on every node alike:
+
+* **seal**: the sealer ``i`` places into the slot's sealer order seals once its candidates hold an update of
+  every eligible origin, or ``patience + i·ξ`` after this node published (a seal that comes first is taken);
+* **pass over**: a shard whose expected reducer has not published ``ξ`` after it became expected is passed
+  over (the next in the shard's order is expected);
+* **finish**: once every shard stands, this node's checks are done and no fraud proof waits, and ``ξ`` more
+  has passed with nothing new, the slot is finished and the node moves on.
+
+Records of a later slot wait until the node gets there; records of a finished slot are dropped and counted.
+A fetch that fails is asked again after ``RETRY_S``. What this version does not do: a fraud proof that reaches
+a node after it finished the slot is not judged there (so a late proof can split replicas: the finish waits
+``ξ`` for that reason), and a node whose clock passed over a reducer refuses that reducer's late reduction
+while a node that took it in time keeps it — honest reducers sign the same bytes, so replicas still agree.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+import httpx
+import trio
+
+import p2p
+from node.reduced.plane import FetchFailed, ReducedPlane
+from protocol import wire
+from protocol.errors import RemoteProtocolError
+from protocol.messages import ReducedRecord, Signed, UpdateHeader
+from protocol.reduced.participant import FetchPieces, NeedPartials, Publish, ReducedNode
+from protocol.reduced.records import COMMITMENT, FRAUD, PARTIALS, REDUCTION, SEAL, Record, carried_record
+from protocol.reduced.slot_state import SlotState
+
+__all__ = ["SlotClock", "SlotDriver"]
+
+log = logging.getLogger("node.reduced")
+
+RETRY_S = 0.2
+
+
+class SlotClock:
+    """The slot clock's two times: ``patience`` (how long a sealer waits for every origin's update after its own)
+    and ``xi`` (the step between sealers, before a silent reducer is passed over, and before a slot is
+    finished)."""
+
+    def __init__(self, patience: float, xi: float) -> None:
+        self.patience, self.xi = patience, xi
+
+
+class SlotDriver:
+    """Closes ``node``'s slots over ``host``; :meth:`run` reads the inbox, :meth:`close` closes one slot."""
+
+    def __init__(self, host: p2p.Host, node: ReducedNode, clock: SlotClock,
+                 now: Callable[[], float] = trio.current_time) -> None:
+        self.host, self.node, self.clock, self.now = host, node, clock, now
+        self.plane = ReducedPlane(host, node)
+        self.later: list[Record] = []  # records of slots this node has not reached
+        self.dropped: Counter[str] = Counter()  # records refused or too late, by why
+        self._changed = trio.Event()
+        self._inflight: set[object] = set()
+        self._since: dict[int, tuple[int, float]] = {}  # shard -> (place expected, since when)
+        self._nursery: trio.Nursery | None = None
+        self._client: httpx.AsyncClient | None = None  # one for every fetch, so links are kept
+
+    # -- what gossip brings --------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read the host's inbox and keep the fetches running, until cancelled."""
+        async with self.host.http_client(timeout=30.0) as client, trio.open_nursery() as nursery:
+            self._client, self._nursery = client, nursery
+            task_status.started()
+            async for delivery in self.host.inbox:
+                if isinstance(delivery.body, ReducedRecord):
+                    self._take(delivery.message)
+
+    def _refused(self, why: str) -> None:
+        self.dropped[why] += 1
+        log.warning("reduced record refused: %s", why)
+
+    def _take(self, message: Signed) -> None:
+        body = message.body
+        try:
+            record = carried_record(body.record_kind, body.fields, body.origin, body.record_signature)
+            if record.kind == COMMITMENT:
+                header = wire.decode(body.header)
+                if not isinstance(header, Signed) or not isinstance(header.body, UpdateHeader) \
+                        or header.origin != body.origin:
+                    self._refused("a commitment whose header is not its origin's update header")
+                    return
+                self.node.offer(header, record)
+            else:
+                self.later.append(record)
+        except RemoteProtocolError as e:
+            self._refused(f"{body.record_kind} from {body.origin[:12]}: {e}")
+            return
+        self._poke()
+
+    def _poke(self) -> None:
+        self._changed.set()
+
+    def _dispatch_ready(self) -> None:
+        """Hand the node the records of the slot it is closing; keep later ones; drop older ones."""
+        s, keep = self.node._current(), []
+        for record in self.later:
+            slot = record.fields[0] if record.fields and isinstance(record.fields[0], int) else -1
+            if slot > s.number or (slot == s.number and record.kind != SEAL and s.seal is None):
+                keep.append(record)
+            elif slot < s.number:
+                self.dropped[f"{record.kind.decode()} of finished slot {slot}"] += 1
+            elif record.kind == SEAL:
+                try:
+                    self.node.take_seal(record)
+                except RemoteProtocolError as e:
+                    self._refused(f"seal from {record.author[:12]}: {e}")
+            elif record.kind == REDUCTION:
+                self._start(("reduction", record.id), self._fetch_reduction, record)
+            elif record.kind == FRAUD:
+                self.node.take_fraud(record)
+            else:
+                self._refused(f"{record.kind.decode()} is not gossiped")
+        self.later = keep
+
+    # -- fetches -------------------------------------------------------------------------------------
+    def _start(self, key: object, fn, *args) -> None:
+        if key in self._inflight or self._nursery is None:
+            return
+        self._inflight.add(key)
+        self._nursery.start_soon(self._fetch, key, fn, args)
+
+    async def _fetch(self, key: object, fn, args) -> None:
+        try:
+            await fn(self._client, *args)
+        except FetchFailed as e:
+            log.info("fetch %s failed (%s): asked again", key[0], e)
+            await trio.sleep(RETRY_S)
+            if isinstance(key, tuple) and key[0] == "pieces":  # the node asks for them again
+                self.node._current().asked.difference_update((key[1], p.index) for p in key[2])
+            elif key[0] == "reduction":
+                self.later.append(args[0])
+        except RemoteProtocolError as e:
+            self._refused(f"{key[0]}: {e}")
+        finally:
+            self._inflight.discard(key)
+            self._poke()
+
+    async def _fetch_pieces(self, client, action: FetchPieces) -> None:
+        data, proof = await self.plane.fetch_pieces(client, action.origin, action.update_id, action.pieces)
+        if self.node._current().seal is not None and action.update_id in self.node._current().sealed:
+            self.node.take_pieces(action.update_id, action.pieces, data, proof)
+
+    async def _fetch_reduction(self, client, record: Record) -> None:
+        limit = sum(n for _, n in self.node.plan.byte_ranges(self.node.plan.pieces, self.node.reduction_codec))
+        data = await self.plane.fetch_reduction(client, record, limit)
+        if record.fields[0] == self.node._current().number:
+            self.node.take_reduction(record, data)
+
+    async def _fetch_partials(self, client, need: NeedPartials) -> None:
+        s = self.node._current()
+        shards = {self.node.plan.shard_of(self.node.plan.pieces[i]) for i in need.pieces}
+        authors = {p for k in shards for p in s.roles[k][:s.at[k] + 1] if p != self.node.peer}
+        found = False
+        for author in sorted(authors):
+            try:
+                for record in await self.plane.fetch_partials(client, author, need.key):
+                    if record.fields[1] == need.name:
+                        self.node.take_partials(record)
+                        found = True
+            except FetchFailed:
+                continue
+        if not found:
+            raise FetchFailed(f"no partials of {need.name} yet")
+
+    # -- one slot ------------------------------------------------------------------------------------
+    def publish(self, data: bytes, base: int, tokens: int, steps: int) -> Signed:
+        """Sign and gossip this node's update for the slot it is about to close."""
+        signed, record = self.node.publish(data, base, tokens, steps)
+        self.plane.own(signed.message_id, self.node.slot)
+        self.host.publish_reduced(record.kind, record.body, record.signature, wire.encode(signed))
+        return signed
+
+    def _act(self, action: FetchPieces | NeedPartials | Publish) -> None:
+        if isinstance(action, FetchPieces) and action.origin == self.node.peer:  # its own: no fetch
+            self.node.take_pieces(action.update_id, action.pieces, *self.node.serve(action.update_id, action.pieces))
+            self._poke()
+        elif isinstance(action, FetchPieces):
+            self._start(("pieces", action.update_id, action.pieces), self._fetch_pieces, action)
+        elif isinstance(action, NeedPartials):
+            self._start(("partials", action.name, action.key), self._fetch_partials, action)
+        elif action.record.kind == PARTIALS:
+            self.plane.keep_partials(action.record)  # served to whoever asks
+        else:
+            if action.record.kind == REDUCTION:
+                self.plane.keep_reduction(action.record, action.data)
+            r = action.record
+            self.host.publish_reduced(r.kind, r.body, r.signature)
+
+    def _tick(self, started: float) -> None:
+        """Seal or pass over what the clock says is due."""
+        s, now = self.node._current(), self.now()
+        if s.seal is None:
+            order = self.node.sealer_order()
+            if self.node.peer in order and self.node.takes_roles:
+                origins = {c.meta.origin for c in self.node.pool.values()}
+                place = order.index(self.node.peer)
+                if set(s.eligible) <= origins or now >= started + self.clock.patience + place * self.clock.xi:
+                    self._act(self.node.seal())
+            return
+        for k in s.roles:
+            if not self.node.awaits(k):
+                self._since.pop(k, None)
+                continue
+            at, since = self._since.get(k, (None, now))
+            if at != s.at[k]:
+                self._since[k] = (s.at[k], now)
+            elif now - since >= self.clock.xi and not self.node.holds(k):
+                log.info("slot %d: shard %d's reducer %s is silent: passed over", s.number, k, s.roles[k][at][:12])
+                self.node.pass_over(k)
+
+    def _settled(self, s: SlotState) -> bool:
+        return s.applied and not s.frauds and not any(
+            isinstance(key, tuple) and key[0] in ("pieces", "partials") for key in self._inflight)
+
+    async def close(self, *, timeout: float = 600.0) -> SlotState:
+        """Close the slot this node is in (after :meth:`publish`, or with none of its own): returns what it
+        found, once the slot is finished here."""
+        started, settled_at = self.now(), None
+        with trio.fail_after(timeout):
+            while True:
+                self._changed = trio.Event()
+                self._dispatch_ready()
+                self._tick(started)
+                for action in self.node.advance():
+                    self._act(action)
+                s = self.node._current()
+                if self._settled(s):
+                    settled_at = settled_at if settled_at is not None else self.now()
+                    if self.now() - settled_at >= self.clock.xi:
+                        break
+                else:
+                    settled_at = None
+                with trio.move_on_after(min(RETRY_S, self.clock.xi / 4)):
+                    await self._changed.wait()
+        s = self.node.finish()
+        self._since.clear()
+        self.plane.forget_before(s.number - 2)
+        for reason in s.rejected:
+            log.warning("slot %d: %s", s.number, reason)
+        return s

@@ -1,0 +1,124 @@
+"""Tier (b): reduced slots over the real planes — four hosts on loopback in one trio process, TLS links, every
+record gossiped as a ``ReducedRecord`` and every piece, partials record and reduction fetched over HTTP
+(node.reduced). The replicas end with the same bits, and the bits the in-process harness
+(testnet.reduced_net) computes over the same signed updates; a silent reducer is passed over by the clock."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import trio
+
+from node.reduced.driver import SlotClock, SlotDriver
+from p2p.config import HostConfig
+from p2p.host import run as run_host
+from protocol.compression import encode_tensors
+from protocol.errors import Reason
+from protocol.gossip import GossipConfig
+from protocol.identity import Identity
+from protocol.ledger import LedgerConfig
+from protocol.ledger.chunks import CHUNK
+from protocol.reduced import ShardPlan
+from protocol.reduced.participant import ReducedNode
+from testnet.reduced_net import RUN, ReducedNet
+from waiting import wait_for
+
+N = 4
+SHAPES = {"embed": (4 * CHUNK // 256, 256), "layer": (3 * CHUNK // 256 + 1, 256), "bias": (300,)}
+CONFIG = LedgerConfig(window=2)
+
+
+def _updates(rounds: int) -> list[list[bytes]]:
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(rounds):
+        common = {k: 0.01 * rng.standard_normal(v).astype(np.float32) for k, v in SHAPES.items()}
+        out.append([encode_tensors({k: (c + 0.005 * rng.standard_normal(c.shape)).astype(np.float32)
+                                    for k, c in common.items()}, "int4") for _ in range(N)])
+    return out
+
+
+def _identities() -> list[Identity]:  # the harness's, so that headers, ids and roles are the same bits
+    return [Identity.from_seed(hashlib.sha256(b"reduced-node-%d" % i).digest()) for i in range(N)]
+
+
+async def _start(nursery: trio.Nursery, tmp: Path, ids: list[Identity]) -> list:
+    gossip = dict(run_id=RUN, heartbeat_s=0.05, heartbeat_timeout_s=2.0, dial_backoff_s=0.05, dial_backoff_max_s=0.5,
+                  reduced_records=True)
+    hosts = []
+    for k, identity in enumerate(ids):
+        config = HostConfig(identity=identity, run_id=RUN, data_dir=tmp / f"n{k}", gossip=GossipConfig(**gossip),
+                            handshake_timeout_s=2.0, goodbye_flush_s=0.2,
+                            bootstrap=(hosts[0].gossip_addr,) if hosts else ())
+        hosts.append(await nursery.start(run_host, config))
+    await wait_for(lambda: all(len(h.connected_peers()) == N - 1 for h in hosts), timeout=20, what="full peer tables")
+    await wait_for(lambda: all(len(h.router.mesh) >= 2 for h in hosts), timeout=20, what="meshes")
+    return hosts
+
+
+async def test_replicas_over_the_wire_hold_the_harness_bits(tmp_path: Path) -> None:
+    rounds, ids = 3, _identities()
+    params = {k: np.zeros(v, np.float32) for k, v in SHAPES.items()}
+    plan, peers = ShardPlan(SHAPES, N), [i.peer_id for i in ids]
+    updates = _updates(rounds)
+
+    harness = ReducedNet(N, SHAPES, params, CONFIG)
+    for r in range(rounds):
+        harness.close([(p, updates[r][k], harness.slot, 1000, 50) for k, p in enumerate(harness.peers)])
+    assert harness.agree()
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            hosts = await _start(nursery, tmp_path, ids)
+            nodes = [ReducedNode(i, peers, plan, CONFIG, run_id=RUN, params=params) for i in ids]
+            drivers = [SlotDriver(h, node, SlotClock(patience=10.0, xi=2.0)) for h, node in zip(hosts, nodes)]
+            for d in drivers:
+                await nursery.start(d.run)
+
+            async def one(k: int, d: SlotDriver, found: list) -> None:
+                for r in range(rounds):
+                    d.publish(updates[r][k], d.node.slot, 1000, 50)
+                    found.append(await d.close(timeout=60))
+
+            slots: list[list] = [[] for _ in drivers]
+            async with trio.open_nursery() as inner:
+                for k, d in enumerate(drivers):
+                    inner.start_soon(one, k, d, slots[k])
+            assert {n.digest() for n in nodes} == {harness.replicas[peers[0]].digest()}
+            assert all(len(s.seal.ids) == N for found in slots for s in found)
+            assert all(d.dropped == {} for d in drivers), [d.dropped for d in drivers]
+            assert all(not s.passed for found in slots for s in found)  # every reducer was in time
+            assert set(hosts[0].counters.rejections) <= {Reason.DUPLICATE}  # gossip's own repeats only
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_reducer_is_passed_over_and_the_replicas_agree(tmp_path: Path) -> None:
+    ids = _identities()
+    params = {k: np.zeros(v, np.float32) for k, v in SHAPES.items()}
+    plan, peers = ShardPlan(SHAPES, N), [i.peer_id for i in ids]
+    updates = _updates(1)[0]
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            hosts = await _start(nursery, tmp_path, ids)
+            nodes = [ReducedNode(i, peers, plan, CONFIG, run_id=RUN, params=params) for i in ids]
+            probe = ReducedNode(ids[0], peers, plan, CONFIG, run_id=RUN)
+            silent = probe.sealer_order()[-1]  # seals nothing unless every other sealer fails; reduces nothing
+            for node in nodes:
+                node.takes_roles = node.peer != silent
+            drivers = [SlotDriver(h, node, SlotClock(patience=10.0, xi=0.5)) for h, node in zip(hosts, nodes)]
+            for d in drivers:
+                await nursery.start(d.run)
+            found: dict[str, object] = {}
+
+            async def one(k: int, d: SlotDriver) -> None:
+                d.publish(updates[k], 0, 1000, 50)
+                found[d.node.peer] = await d.close(timeout=60)
+
+            async with trio.open_nursery() as inner:
+                for k, d in enumerate(drivers):
+                    inner.start_soon(one, k, d)
+            assert len({n.digest() for n in nodes}) == 1
+            assert all(s.passed for s in found.values())  # the silent node's shards went to the next in order
+            nursery.cancel_scope.cancel()
