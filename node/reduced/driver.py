@@ -220,6 +220,16 @@ class SlotDriver:
                 log.info("slot %d: shard %d's reducer %s is silent: passed over", s.number, k, s.roles[k][at][:12])
                 self.node.pass_over(k)
 
+    def _waiting(self) -> str:
+        s = self.node._current()
+        if s.seal is None:
+            return f"no seal ({len(self.node.pool)} candidates)"
+        awaited = {k: s.roles[k][s.at[k]][:12] if s.at[k] < len(s.roles[k]) else "everyone"
+                   for k in s.roles if self.node.awaits(k)}
+        fetching = sorted(str(key[0]) for key in self._inflight if isinstance(key, tuple))
+        return (f"shards awaited {awaited}, fetches in flight {fetching}, fraud proofs {sorted(s.frauds)}, "
+                f"applied {s.applied}")
+
     def _settled(self, s: SlotState) -> bool:
         return s.applied and not s.frauds and not any(
             isinstance(key, tuple) and key[0] in ("pieces", "partials") for key in self._inflight)
@@ -228,7 +238,7 @@ class SlotDriver:
         """Close the slot this node is in (after :meth:`publish`, or with none of its own): returns what it
         found, once the slot is finished here."""
         started, settled_at = self.now(), None
-        with trio.fail_after(timeout):
+        with trio.move_on_after(timeout) as scope:
             while True:
                 self._changed = trio.Event()
                 self._dispatch_ready()
@@ -244,6 +254,9 @@ class SlotDriver:
                     settled_at = None
                 with trio.move_on_after(min(RETRY_S, self.clock.xi / 4)):
                     await self._changed.wait()
+        if scope.cancelled_caught:
+            raise trio.TooSlowError(f"slot {self.node._current().number} not closed in {timeout:.0f} s: "
+                                    f"{self._waiting()}")
         s = self.node.finish()
         self._since.clear()
         self.plane.forget_before(s.number - 2)

@@ -6,7 +6,7 @@
     GET /reduced/partials/<set key>                  the screen partials records this node signed for that set:
                                                      a msgpack array of [kind, fields, author, signature]
 
-Ids and keys in lowercase hex. Every answer is pinned by a signature (a commitment's Merkle root, a reduction's
+Ids and keys in lowercase hex. The bodies served and fetched are counted in the host's ``blob`` traffic. Every answer is pinned by a signature (a commitment's Merkle root, a reduction's
 signed digest, a partials record's own), so a node may fetch from anyone that holds the bytes; this version
 asks the author. What is kept here is bounded: the last ``KEEP_SLOTS`` slots' own payloads, reductions and
 partials (:meth:`ReducedPlane.forget_before`).
@@ -22,6 +22,7 @@ import httpx
 import msgpack
 
 import p2p
+from p2p.counters import UNKNOWN_PEER, Kind
 from p2p.http import Request, Response
 from protocol.errors import Reason, RemoteProtocolError
 from protocol.reduced.participant import ReducedNode
@@ -83,8 +84,7 @@ class ReducedPlane:
         if update_id not in self.node.own or not 0 <= first_i <= last_i < len(pieces):
             return Response.text(404, "no such update or pieces here")
         data, proof = self.node.serve(update_id, pieces[first_i:last_i + 1])
-        return Response(200, struct.pack(">I", len(proof)) + b"".join(proof) + data,
-                        {"content-type": "application/octet-stream"})
+        return self._answer(request, struct.pack(">I", len(proof)) + b"".join(proof) + data)
 
     async def _serve_reduction(self, request: Request) -> Response:
         try:
@@ -93,7 +93,7 @@ class ReducedPlane:
             return Response.text(400, "want /reduced/reductions/<record id hex>")
         if held is None:
             return Response.text(404, "no such reduction here")
-        return Response(200, held[1], {"content-type": "application/octet-stream"})
+        return self._answer(request, held[1])
 
     async def _serve_partials(self, request: Request) -> Response:
         try:
@@ -101,14 +101,21 @@ class ReducedPlane:
         except ValueError:
             return Response.text(400, "want /reduced/partials/<set key hex>")
         body = msgpack.packb([[r.kind.decode(), r.body, r.author, r.signature] for r in records], use_bin_type=True)
-        return Response(200, body, {"content-type": "application/msgpack"})
+        return self._answer(request, body, "application/msgpack")
+
+    def _answer(self, request: Request, body: bytes, content_type: str = "application/octet-stream") -> Response:
+        self.host.counters.sent(request.peer or UNKNOWN_PEER, Kind.BLOB, len(body))  # beside the blob plane's
+        return Response(200, body, {"content-type": content_type})
 
     # -- fetching ------------------------------------------------------------------------------------
     def _url(self, peer: str) -> str | None:
+        """``peer``'s HTTP plane: as it said on connecting, else as peer exchange told (a run larger than a
+        peer table has authors this node is not connected to; what they serve is pinned by signatures)."""
         for p in self.host.peers():
             if p.peer_id == peer and p.http_addr:
                 return self.host.peer_url(p.http_addr)
-        return None
+        known = self.host.router.table.get(peer)
+        return self.host.peer_url(known.info.http_addr) if known is not None and known.info.http_addr else None
 
     async def _get(self, client: httpx.AsyncClient, peer: str, path: str, limit: int) -> bytes:
         url = self._url(peer)
@@ -122,6 +129,7 @@ class ReducedPlane:
             raise FetchFailed(f"{peer[:12]} answered {response.status_code} for {path[:60]}")
         if len(response.content) > limit:
             raise RemoteProtocolError(Reason.OVERSIZED, f"{len(response.content)} bytes from {peer[:12]}")
+        self.host.counters.received(peer, Kind.BLOB, len(response.content))
         return response.content
 
     async def fetch_pieces(self, client: httpx.AsyncClient, origin: str, update_id: bytes,

@@ -204,7 +204,13 @@ class ReducedNode:
             if record.author in s.roles[k][at + 1:]:  # this node has not yet passed over or judged the ones before
                 s.early.append((record, data))
                 return
-            if at >= len(s.roles[k]) or record.author != s.roles[k][at] or s.standing.get(k, (None,))[0] == at:
+            # A reducer this node's clock passed over, late: taken while the shard has nothing standing, so that
+            # this node holds what the nodes that took it in time hold (its successor, if honest, signs the same
+            # bytes; a lie is the checker's to find, as it is for them).
+            late = place < at and k in s.passed and k not in s.replacing and k not in s.standing \
+                and (k, record.author) not in s.refused
+            if not late and (at >= len(s.roles[k]) or record.author != s.roles[k][at]
+                             or s.standing.get(k, (None,))[0] == at):
                 raise RemoteProtocolError(Reason.BAD_STATE, f"shard {k} expects no reduction by {record.author[:12]}")
             record.verify()
             if hashlib.sha256(data).digest() != digest:
@@ -226,8 +232,10 @@ class ReducedNode:
             s.refused.append((k, record.author))
             s.rejected.append(f"reduction of shard {k} from {record.author[:12]}: {verdict}")
             self.excluded.add(record.author)
-            s.at[k] = at + 1
+            s.at[k] = at if late else at + 1
             return
+        if late:
+            s.at[k] = at = place
         self._stand(k, at, data, record)
 
     def take_fraud(self, record: Record) -> None:

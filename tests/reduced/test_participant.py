@@ -82,3 +82,25 @@ def test_forged_and_misplaced_records_are_refused_by_name_and_change_nothing():
         node.finish()
     assert net.agree() and not net.excluded
     assert next(iter(net.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
+
+
+def test_a_reducer_passed_over_by_one_clock_is_taken_when_it_comes_late():
+    honest, net = _net(), _net()
+    honest.close(_updates(honest))
+    slot = SlotNetwork(net.nodes, SlotReport(1, 0), None)
+    for u in _updates(net):
+        slot.publish(*u)
+    first = net.nodes[net.peers[0]]
+    slot.seal(first.sealer_order()[0])
+    roles = first.open.roles[0]
+    target = next(node for node in net.nodes.values() if node.peer not in roles[:2])
+    target.pass_over(0)  # its clock ran out before the aggregator's reduction reached it
+    assert target.open.at[0] == 1
+    slot.run()
+    s = target.open
+    assert s.standing[0][0] == 0 and s.standing[0][2].author == roles[0]  # the aggregator's, as everyone's
+    assert not any("expects no reduction" in r for r in s.rejected)
+    for node in net.nodes.values():
+        node.finish()
+    assert net.agree()
+    assert next(iter(net.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
