@@ -1,7 +1,9 @@
 """Tier (b): reduced slots over the real planes — four hosts on loopback in one trio process, TLS links, every
 record gossiped as a ``ReducedRecord`` and every piece, partials record and reduction fetched over HTTP
 (node.reduced). The replicas end with the same bits, and the bits the in-process harness
-(testnet.reduced_net) computes over the same signed updates; a silent reducer is passed over by the clock."""
+(testnet.reduced_net) computes over the same signed updates; a silent reducer is passed over by the clock;
+a lying aggregator is caught by its checker, every node judges the proof from pieces it fetches, and the
+replicas hold the harness's bits for the same lie."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from protocol.ledger import LedgerConfig
 from protocol.ledger.chunks import CHUNK
 from protocol.reduced import ShardPlan
 from protocol.reduced.participant import ReducedNode
-from testnet.reduced_net import RUN, ReducedNet
+from protocol.reduced import reducers
+from testnet.reduced_net import RUN, ReducedNet, _HarnessNode
 from waiting import wait_for
 
 N = 4
@@ -121,4 +124,37 @@ async def test_a_silent_reducer_is_passed_over_and_the_replicas_agree(tmp_path: 
                     inner.start_soon(one, k, d)
             assert len({n.digest() for n in nodes}) == 1
             assert all(s.passed for s in found.values())  # the silent node's shards went to the next in order
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_lying_aggregator_is_caught_and_judged_over_the_wire(tmp_path: Path) -> None:
+    ids, updates = _identities(), _updates(1)[0]
+    params = {k: np.zeros(v, np.float32) for k, v in SHAPES.items()}
+    plan, peers = ShardPlan(SHAPES, N), [i.peer_id for i in ids]
+    liar = reducers(1, 0, sorted(peers))[0]  # shard 0's aggregator in slot 1
+    harness = ReducedNet(N, SHAPES, params, CONFIG, q=1.0)
+    report = harness.close([(p, updates[k], 0, 1000, 50) for k, p in enumerate(harness.peers)], liars={liar: -1.0})
+    assert report.caught and harness.excluded == {liar}
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            hosts = await _start(nursery, tmp_path, ids)
+            nodes = [_HarnessNode(i, peers, plan, CONFIG, run_id=RUN, params=params, q=1.0) for i in ids]
+            for node in nodes:
+                node.factor = -1.0 if node.peer == liar else None
+            drivers = [SlotDriver(h, node, SlotClock(patience=10.0, xi=2.0)) for h, node in zip(hosts, nodes)]
+            for d in drivers:
+                await nursery.start(d.run)
+
+            closed: list = []
+
+            async def one(k: int, d: SlotDriver) -> None:
+                d.publish(updates[k], 0, 1000, 50)
+                closed.append(await d.close(timeout=60))
+
+            async with trio.open_nursery() as inner:
+                for k, d in enumerate(drivers):
+                    inner.start_soon(one, k, d)
+            assert {n.digest() for n in nodes} == {harness.replicas[peers[0]].digest()}
+            assert all(s.caught == [(0, liar)] for s in closed)  # by the proof, judged on every node
+            assert all(n.excluded == {liar} for n in nodes)
             nursery.cancel_scope.cancel()
