@@ -108,6 +108,8 @@ class ReducedNode:
         if not isinstance(h, UpdateHeader) or h.run_id != self.run_id or h.codec != self.codec \
                 or h.shapes != header_shapes(self.plan.shapes):
             raise RemoteProtocolError(Reason.BAD_SCHEMA, "an update header of another run, codec or model")
+        if h.origin not in self.peers:  # the run's roster contributes; a closed run's roster is its members
+            raise RemoteProtocolError(Reason.NOT_ADMITTED, f"{h.origin[:12]} is not in the run's roster")
         meta = UpdateMeta(signed.message_id, h.origin, h.base_slot, h.publish_slot, h.tokens, h.inner_steps)
         self.pool.setdefault(meta.update_id, Commitment(record, meta, self.plan))
         if self.open is not None and self.open.unheard is not None:

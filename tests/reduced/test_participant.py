@@ -1,16 +1,21 @@
 """One node's part in a reduced slot (protocol.reduced.participant), handed messages directly: a seal that
 comes before some of its headers is taken once they come, and forged or misplaced records are refused by
-name, change nothing, and leave the slot to close with the honest bits."""
+name, change nothing, and leave the slot to close with the honest bits; a reducer one node's clock passed over
+is taken when it comes late; an update from outside the run's roster is refused."""
 
 import hashlib
 
 import numpy as np
+import pytest
 
 from protocol.compression import encode_tensors
+from protocol.errors import Reason, RemoteProtocolError
+from protocol.identity import Identity
 from protocol.ledger import LedgerConfig
 from protocol.ledger.chunks import CHUNK
+from protocol.reduced.participant import ReducedNode
 from protocol.reduced.records import PARTIALS, REDUCTION, pack_floats, sign_record
-from testnet.reduced_net import ReducedNet, SlotNetwork, SlotReport
+from testnet.reduced_net import RUN, ReducedNet, SlotNetwork, SlotReport
 
 SHAPES = {"embed": (2 * CHUNK // 256, 256), "bias": (300,)}
 
@@ -104,3 +109,13 @@ def test_a_reducer_passed_over_by_one_clock_is_taken_when_it_comes_late():
         node.finish()
     assert net.agree()
     assert next(iter(net.replicas.values())).digest() == next(iter(honest.replicas.values())).digest()
+
+
+def test_an_update_from_outside_the_roster_is_refused():
+    net = _net()
+    outsider = ReducedNode(Identity.from_seed(b"\x07" * 32), net.peers, net.plan, LedgerConfig(window=2), run_id=RUN)
+    signed, record = outsider.publish(_updates(net)[0][1], 0, 1000, 50)
+    node = net.nodes[net.peers[0]]
+    with pytest.raises(RemoteProtocolError) as refused:
+        node.offer(signed, record)
+    assert refused.value.reason is Reason.NOT_ADMITTED and not node.pool
