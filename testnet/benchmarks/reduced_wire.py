@@ -51,7 +51,7 @@ async def _files(folder: Path, prefix: str, n: int) -> None:
         await trio.sleep(0.05)
 
 
-async def _barrier(folder: Path, name: str, k: int, n: int) -> None:
+async def barrier(folder: Path, name: str, k: int, n: int) -> None:
     (folder / f"{name}-{k}").write_text("")
     await _files(folder, name, n)
 
@@ -63,12 +63,38 @@ def _traffic(host) -> dict[str, int]:
             "gossip_received": control.recv_bytes}
 
 
-async def _node(a: argparse.Namespace) -> dict:
-    from node.reduced.driver import SlotClock, SlotDriver
+def identities(n: int) -> list:
+    """The harness's identities (``testnet.reduced_net``), so that headers, ids and roles are its bits."""
+    from protocol.identity import Identity
+
+    return [Identity.from_seed(hashlib.sha256(b"reduced-node-%d" % i).digest()) for i in range(n)]
+
+
+async def open_host(nursery: trio.Nursery, folder: Path, k: int, n: int, *, reduced: bool):
+    """Start node ``k``'s host (TLS, node 0 the others' bootstrap), and return it once its peer table and mesh
+    are full and every other node's are too (marks in ``folder``)."""
     from p2p.config import HostConfig
     from p2p.host import run as run_host
     from protocol.gossip import GossipConfig
-    from protocol.identity import Identity
+
+    if k:
+        await _files(folder, "addr", 1)
+    bootstrap = ((folder / "addr-0").read_text(),) if k else ()
+    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.2, heartbeat_timeout_s=5.0, reduced_records=reduced)
+    config = HostConfig(identity=identities(n)[k], run_id=RUN, data_dir=folder / f"n{k}", gossip=gossip,
+                        bootstrap=bootstrap)
+    host = await nursery.start(run_host, config)
+    if k == 0:
+        (folder / "addr-0").write_text(host.gossip_addr)
+    want = min(n - 1, gossip.target_peers)
+    while len(host.connected_peers()) < want or len(host.router.mesh) < min(gossip.d_lo, n - 1):
+        await trio.sleep(0.05)
+    await barrier(folder, "ready", k, n)
+    return host
+
+
+async def _node(a: argparse.Namespace) -> dict:
+    from node.reduced.driver import SlotClock, SlotDriver
     from protocol.ledger.proof import header_shapes
     from protocol.messages import UpdateHeader
     from protocol.reduced import ShardPlan
@@ -76,21 +102,10 @@ async def _node(a: argparse.Namespace) -> dict:
 
     folder, k, n, reduced = Path(a.dir), a.worker, a.nodes, a.mode == "reduced"
     shapes = model_shapes(a.pieces * n)
-    ids = [Identity.from_seed(hashlib.sha256(b"reduced-node-%d" % i).digest()) for i in range(n)]
-    if k:
-        await _files(folder, "addr", 1)
-    bootstrap = ((folder / "addr-0").read_text(),) if k else ()
-    gossip = GossipConfig(run_id=RUN, heartbeat_s=0.2, heartbeat_timeout_s=5.0, reduced_records=reduced)
-    config = HostConfig(identity=ids[k], run_id=RUN, data_dir=folder / f"n{k}", gossip=gossip, bootstrap=bootstrap)
+    ids = identities(n)
     out: dict = {"node": k, "rounds": []}
     async with trio.open_nursery() as nursery:
-        host = await nursery.start(run_host, config)
-        if k == 0:
-            (folder / "addr-0").write_text(host.gossip_addr)
-        want = min(n - 1, gossip.target_peers)
-        while len(host.connected_peers()) < want or len(host.router.mesh) < min(gossip.d_lo, n - 1):
-            await trio.sleep(0.05)
-        await _barrier(folder, "ready", k, n)
+        host = await open_host(nursery, folder, k, n, reduced=reduced)
         if reduced:
             node = ReducedNode(ids[k], [i.peer_id for i in ids], ShardPlan(shapes, n), CONFIG, run_id=RUN, q=a.q,
                                params={name: np.zeros(s, np.float32) for name, s in shapes.items()})
@@ -125,7 +140,7 @@ async def _node(a: argparse.Namespace) -> dict:
                 row = {}
             out["rounds"].append({**row, "seconds": round(trio.current_time() - started, 3)})
         out["seconds"] = round(trio.current_time() - started_all, 3)
-        await _barrier(folder, "done", k, n)  # everyone has what it fetches: the totals are final
+        await barrier(folder, "done", k, n)  # everyone has what it fetches: the totals are final
         out.update(_traffic(host))
         if reduced:
             out["digest"] = node.digest().hex()
@@ -134,37 +149,43 @@ async def _node(a: argparse.Namespace) -> dict:
     return out
 
 
-def _worker(a: argparse.Namespace) -> int:
+def worker(a: argparse.Namespace, node) -> int:
+    """Run ``node(a)`` in this process and write what it returns for the parent."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("node.reduced").setLevel(logging.INFO)
-    out = trio.run(_node, a)
+    out = trio.run(node, a)
     (Path(a.dir) / f"result-{a.worker}.json").write_text(json.dumps(out))
     return 0
 
 
 # -- the run ----------------------------------------------------------------------------------------
-def _spawn(a: argparse.Namespace, mode: str, folder: Path) -> list[dict]:
+def spawn(module: str, argv: list[str], n: int, folder: Path, timeout: float) -> list[dict]:
+    """Run ``python -m module *argv --dir folder --worker k`` for k < n; their ``result-k.json`` once all exit 0."""
     folder.mkdir()
-    args = [sys.executable, "-m", "testnet.benchmarks.reduced_wire", "--nodes", str(a.nodes), "--rounds",
-            str(a.rounds), "--pieces", str(a.pieces), "--q", str(a.q), "--seed", str(a.seed), "--patience",
-            str(a.patience), "--xi", str(a.xi), "--timeout", str(a.timeout), "--mode", mode, "--dir", str(folder)]
     procs = []
-    for k in range(a.nodes):
+    for k in range(n):
         log = open(folder / f"node-{k}.log", "w")
-        procs.append(subprocess.Popen([*args, "--worker", str(k)], stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + a.timeout * (a.rounds + 2)
+        procs.append(subprocess.Popen([sys.executable, "-m", module, *argv, "--dir", str(folder), "--worker", str(k)],
+                                      stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
     for k, p in enumerate(procs):
         try:
             code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise SystemExit(f"{mode}: node {k} did not finish; see {folder}/node-{k}.log") from None
+            code = None
         if code != 0:
             for q in procs:
                 q.kill()
-            raise SystemExit(f"{mode}: node {k} exited {code}; see {folder}/node-{k}.log")
-    return [json.loads((folder / f"result-{k}.json").read_text()) for k in range(a.nodes)]
+            raise SystemExit(f"node {k} {'did not finish' if code is None else f'exited {code}'}; "
+                             f"see {folder}/node-{k}.log")
+    return [json.loads((folder / f"result-{k}.json").read_text()) for k in range(n)]
+
+
+def _spawn(a: argparse.Namespace, mode: str, folder: Path) -> list[dict]:
+    argv = ["--nodes", str(a.nodes), "--rounds", str(a.rounds), "--pieces", str(a.pieces), "--q", str(a.q),
+            "--seed", str(a.seed), "--patience", str(a.patience), "--xi", str(a.xi), "--timeout", str(a.timeout),
+            "--mode", mode]
+    return spawn("testnet.benchmarks.reduced_wire", argv, a.nodes, folder, a.timeout * (a.rounds + 2))
 
 
 def _harness_digest(a: argparse.Namespace) -> str:
@@ -204,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker is not None:
-        return _worker(a)
+        return worker(a, _node)
     with tempfile.TemporaryDirectory(prefix="reduced-wire-") as tmp:
         found = {}
         for mode in MODES:
