@@ -240,7 +240,7 @@ class Host(PeerLinks, BlobFetching):
         """Gossip a record of a reduced run this host's identity signed (``protocol.reduced.records``: its kind,
         its msgpack fields, its signature); a commitment with its update's signed header, wire-encoded."""
         body = ReducedRecord(self.config.run_id, self.peer_id, self._seqnos.next(self.now()), kind.decode(), fields,
-                             signature, header)
+                             signature, header, self.config.admission.credential)
         return self._publish(body)
 
     def _publish(self, body: UpdateHeader | StateManifest | Goodbye | ReducedRecord) -> Signed:

@@ -35,7 +35,7 @@ import msgpack
 
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity, public_key_from_peer_id, verify_signature
-from protocol.messages import DOMAIN, Signed, UpdateHeader
+from protocol.messages import DOMAIN, ReducedRecord, Signed, UpdateHeader
 
 __all__ = ["MAX_MEMBERSHIP_BYTES", "Admission", "Membership", "grant"]
 
@@ -158,7 +158,7 @@ class Admission:
             self._known.add(peer)
 
     def check_update(self, origin: str, credential: bytes) -> None:
-        """An update header's origin and its field 11: the founder's, or one whose own membership admits its
+        """An update header's origin and its field 11 (a reduced record's and its field 7 alike): the founder's, or one whose own membership admits its
         origin, else `NOT_ADMITTED`. A function of the header and the run alone, never of what this node saw
         before (a hello, an earlier update): every replica takes or refuses the same updates."""
         if not self.closed or origin == self.founder:
@@ -182,7 +182,7 @@ class Admission:
             return then
 
         def accept(signed: Signed) -> None:
-            if isinstance(signed.body, UpdateHeader):
+            if isinstance(signed.body, UpdateHeader | ReducedRecord):  # the message's own word, as §7b asks
                 self.check_update(signed.origin, signed.body.membership)
             else:
                 self.check_origin(signed.origin)

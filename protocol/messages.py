@@ -219,7 +219,8 @@ class StateManifest(Message):
 class ReducedRecord(Message):
     """A record of a reduced run (PROTOCOL.md §15) gossiped by its author, the origin: `record_kind` and
     `fields` (the msgpack array) exactly as the record was signed, `record_signature` the record's own
-    signature. A commitment carries its update's signed header (its wire encoding) in `header`."""
+    signature. A commitment carries its update's signed header (its wire encoding) in `header`; in a closed run
+    `membership` is the author's, as an update header's field 11 is."""
 
     KIND: ClassVar[str] = "reduced"
     SIGNED: ClassVar[bool] = True
@@ -230,6 +231,7 @@ class ReducedRecord(Message):
     fields: Annotated[bytes, Size(1, 768 << 10)]
     record_signature: Signature
     header: Annotated[bytes, Size(0, 192 << 10)] = b""
+    membership: Annotated[bytes, Size(0, 512)] = b""  # protocol.admission: the author's (closed runs)
 
 
 SignedBody = UpdateHeader | Goodbye | StateManifest | ReducedRecord

@@ -88,7 +88,7 @@ def _goodbye(origin, run_id=RUN_ID):
 
 def _reduced(origin, run_id=RUN_ID):  # the schema only: the record inside is checked by protocol.reduced.records
     return st.builds(ReducedRecord, st.just(run_id), st.just(origin), small, st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=32),
-                     st.binary(min_size=1, max_size=200), b64, st.binary(max_size=200))
+                     st.binary(min_size=1, max_size=200), b64, st.binary(max_size=200), memberships)
 
 
 def _manifest(origin, run_id=RUN_ID):

@@ -10,7 +10,7 @@ from protocol_strategies import IDENTITIES, RUN_ID
 from protocol import signing
 from protocol.admission import Admission, Membership, grant
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
-from protocol.messages import Goodbye, UpdateHeader
+from protocol.messages import Goodbye, ReducedRecord, UpdateHeader
 
 FOUNDER, MEMBER, OUTSIDER, OTHER_FOUNDER = IDENTITIES
 
@@ -104,3 +104,21 @@ def test_whether_an_update_counts_reads_the_header_and_the_run_never_what_a_node
         assert "shows no membership" in _refused(accept, bare), name
         accept(shown)
         accept(goodbye_first)  # known now, whatever the history: a goodbye changes no replica's state
+
+
+def test_a_reduced_record_is_held_to_its_own_membership_whatever_a_node_saw() -> None:
+    membership = grant(FOUNDER, RUN_ID, MEMBER.peer_id)
+
+    def record(origin, shown: bytes = b"", seqno: int = 1):
+        return signing.sign(origin, ReducedRecord(RUN_ID, origin.peer_id, seqno, "reduced-seal", b"\x92\x01\x90",
+                                                  b"\0" * 64, b"", shown))
+
+    for saw_hello in (False, True):
+        admission = Admission(RUN_ID, FOUNDER.peer_id, peer_id=FOUNDER.peer_id)
+        if saw_hello:
+            admission.check_peer(MEMBER.peer_id, membership.to_bytes())
+        accept = admission.accept_hook(None)
+        assert "shows no membership" in _refused(accept, record(MEMBER))
+        accept(record(MEMBER, membership.to_bytes(), 2))
+        _refused(accept, record(OUTSIDER, membership.to_bytes()))  # a member's membership on another key
+    accept(record(FOUNDER))  # the founder shows none
