@@ -25,9 +25,9 @@ from pathlib import Path
 __all__ = ["KNOWN_LONG", "MAX_LINES", "PACKAGES", "Finding", "check", "main"]
 
 MAX_LINES = 500
-# modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50): the gossip
-# router's state machine (the ledger's went under in session 42: its snapshots are protocol/ledger/restore.py)
-KNOWN_LONG = {"protocol/gossip/router.py": 525}
+# modules past MAX_LINES when the rule came, each held to its size then until it is split (issue 50); none left:
+# the ledger went under in session 42 (protocol/ledger/restore.py), the router in 43 (protocol/gossip/lazy.py)
+KNOWN_LONG: dict[str, int] = {}
 PACKAGES = ("protocol", "p2p", "node", "diloco", "testnet")
 ALLOWED = {"protocol": set(), "p2p": {"protocol"}, "node": {"protocol", "p2p"},
            "diloco": {"protocol", "p2p", "node"}, "testnet": {"protocol", "p2p", "node", "diloco"}}
@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     for finding in findings:
         print(finding)
     print(f"{len(findings)} finding(s) in {', '.join(PACKAGES)}" if findings else
-          f"ok: no module over {MAX_LINES} lines (but {len(KNOWN_LONG)} known, not growing: "
-          f"{', '.join(KNOWN_LONG)}), no class name used twice, no import cycle, layers one way")
+          f"ok: no module over {MAX_LINES} lines"
+          + (f" (but {len(KNOWN_LONG)} known, not growing: {', '.join(KNOWN_LONG)})" if KNOWN_LONG else "")
+          + ", no class name used twice, no import cycle, layers one way")
     return 1 if findings else 0
 
 

@@ -66,6 +66,7 @@ from protocol.gossip.config import GossipConfig
 from protocol.gossip.dialer import Dialer
 from protocol.gossip.fetches import PendingBlobs
 from protocol.gossip.iwant import AskedIds, IWantBudget, WantPacer
+from protocol.gossip.lazy import LazyPull
 from protocol.gossip.manifests import WaitingManifests, holds_blobs
 from protocol.gossip.mcache import MessageCache
 from protocol.gossip.mesh import gossip_targets, plan_mesh
@@ -79,7 +80,7 @@ from protocol.validation import Validator
 AcceptHook = Callable[[Signed], None]  # raises RemoteProtocolError to refuse a message
 
 
-class Router:
+class Router(LazyPull):
     def __init__(
         self,
         config: GossipConfig,
@@ -333,56 +334,6 @@ class Router:
         self.peers[peer].graft_after = now + message.backoff_s
         return self._learn(peer, message.peers, now) + self._plan_dials(now)
 
-    def _on_ihave(self, peer: str, message: IHave, now: float) -> list[Action]:
-        if self.scores.graylisted(peer) or message.topic != self.config.topic:
-            return []
-        return self._want(peer, message.ids, now)
-
-    def _want(self, peer: str, ids: Sequence[bytes], now: float) -> list[Action]:
-        """Ask `peer`, which holds `ids`, for those we lack: one IWANT of at most max_ihave_ids ids and within
-        our pace for it (`WantPacer`); wanted ids past the pace wait for the next heartbeat."""
-        out: list[Action] = []
-        wanted: list[bytes] = []
-        later: list[bytes] = []
-        room = min(self.config.max_ihave_ids, self.wants.room(peer))
-        for message_id in ids:
-            entry = self.mcache.get(message_id)
-            if entry is not None:
-                entry.known_by.add(peer)
-            elif self.validator.seen.contains(message_id, now):
-                out += self.pending.holder_of_message(message_id, peer, self.peers)
-            elif self.known is not None and self.known(message_id):
-                continue  # the application holds it (`known`): not asked for
-            elif self.asked.may_ask(message_id, now):
-                if len(wanted) >= room:
-                    later.append(message_id)  # one IWANT per IHAVE, within our pace: the rest next heartbeat
-                    continue
-                self.asked.ask(message_id, peer, now)
-                wanted.append(message_id)
-            else:
-                self.asked.announced(message_id, peer)  # asked elsewhere: remember a second holder
-        if wanted:
-            self.wants.asked(peer, len(wanted))
-            out.append(Send(peer, IWant(self.config.run_id, tuple(wanted))))
-        if later:
-            self.wants.wait(peer, later)
-        return out
-
-    def _on_iwant(self, peer: str, message: IWant, now: float) -> list[Action]:
-        """Answer with the held messages asked for, each once per mcache window, within the peer's budget
-        (`IWantBudget`); a peer past its budget is penalized (`flood`) once a heartbeat."""
-        allowed, over = self.iwants.take(peer, len(message.ids), now)
-        out: list[Action] = []
-        for message_id in message.ids[:allowed]:
-            entry = self.mcache.get(message_id)
-            if entry is not None and not self.iwants.answered_recently(peer, message_id):
-                self.iwants.answered(peer, message_id)
-                entry.known_by.add(peer)
-                out.append(Send(peer, entry.message))
-        if over:
-            out += self._refuse(peer, Reason.FLOOD, f"iwant: {len(message.ids) - allowed} ids past the budget", now)
-        return out
-
     def _prune_message(self, peer: str) -> Prune:
         px = self.table.sample(self.config.px_peers, self.rng, {peer, self.local.peer_id})
         return Prune(self.config.run_id, self.config.topic, self.config.prune_backoff_s, px)
@@ -482,18 +433,6 @@ class Router:
                 out += self._want(peer, ids, now)
         out += self.pending.retry(now, self.validator.seen.ttl_s, self.peers)
         return out + self._plan_dials(now)
-
-    def _gossip(self) -> list[Action]:
-        ids = self.mcache.gossip_ids()
-        if not ids:
-            return []
-        out: list[Action] = []
-        eligible = lambda p: not self.scores.graylisted(p)  # noqa: E731
-        for peer in gossip_targets(self.peers, self.mesh, eligible, self.config.d_lazy, self.rng):
-            unknown = [i for i in ids if peer not in self.mcache.get(i).known_by][: self.config.max_ihave_ids]
-            if unknown:
-                out.append(Send(peer, IHave(self.config.run_id, self.config.topic, tuple(unknown))))
-        return out
 
     def _plan_dials(self, now: float) -> list[Action]:
         return list(self.dialer.plan(self.peers, self.table, lambda peer: self.scores.banned(peer, now), now))

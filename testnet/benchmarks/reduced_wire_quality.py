@@ -78,7 +78,8 @@ async def _node(a: argparse.Namespace) -> dict:
             await trio.to_thread.run_sync(loop.run, a.inner_steps)  # the host keeps serving meanwhile
             trained = trio.current_time() - started
             local = loop.params
-            payload, _ = feedback.compress({name: np.asarray(theta[name] - local[name], np.float32) for name in local})
+            delta = {name: np.asarray(theta[name] - local[name], np.float32) for name in local}
+            payload, _ = await trio.to_thread.run_sync(feedback.compress, delta)
             out["update_bytes"] = len(payload)
             driver.publish(payload, node.slot, a.inner_steps * tokens_per_batch, a.inner_steps)
             s = await driver.close(timeout=a.timeout)
@@ -87,7 +88,7 @@ async def _node(a: argparse.Namespace) -> dict:
         await barrier(folder, "done", k, n)
         out.update(_traffic(host))
         out["digest"] = node.digest().hex()
-        out["bpb"] = float(loop.evaluate(heldout, params=node.replica.params()))
+        out["bpb"] = float(await trio.to_thread.run_sync(lambda: loop.evaluate(heldout, params=node.replica.params())))
         out["tokens"] = loop.step * tokens_per_batch
         nursery.cancel_scope.cancel()
     return out
