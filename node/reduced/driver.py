@@ -12,7 +12,13 @@ The clock, per slot, on every node alike:
   has passed with nothing new, the slot is finished and the node moves on.
 
 Records of a later slot wait until the node gets there; records of a finished slot are dropped and counted.
-A fetch that fails is asked again after ``RETRY_S``. What this version does not do: a fraud proof that reaches
+A fetch that fails is asked again after ``RETRY_S``.
+
+The participant's work (verifying and offering commitments, decoding fetched pieces, reducing, checking,
+judging, stepping the replica) runs in a worker thread, never on the trio loop, so that heartbeats, gossip
+and HTTP go on while a slot of a large model is reduced; every call into the participant, its slot state and
+this driver's own lists of records goes through one lock (:meth:`SlotDriver._locked`), the fetch tasks'
+included, so no two of them ever run at once. What this version does not do: a fraud proof that reaches
 a node after it finished the slot is not judged there (so a late proof can split replicas: the finish waits
 ``ξ`` for that reason), and a node whose clock passed over a reducer refuses that reducer's late reduction
 while a node that took it in time keeps it — honest reducers sign the same bytes, so replicas still agree.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import trio
@@ -41,6 +48,7 @@ __all__ = ["SlotClock", "SlotDriver"]
 log = logging.getLogger("node.reduced")
 
 RETRY_S = 0.2
+T = TypeVar("T")
 
 
 class SlotClock:
@@ -61,11 +69,19 @@ class SlotDriver:
         self.plane = ReducedPlane(host, node)
         self.later: list[Record] = []  # records of slots this node has not reached
         self.dropped: Counter[str] = Counter()  # records refused or too late, by why
+        self._arrived: list[Signed] = []  # reduced messages from gossip, read by the next step
         self._changed = trio.Event()
+        self._lock = trio.Lock()  # one call into the participant at a time, in a worker thread
         self._inflight: set[object] = set()
         self._since: dict[int, tuple[int, float]] = {}  # shard -> (place expected, since when)
         self._nursery: trio.Nursery | None = None
         self._client: httpx.AsyncClient | None = None  # one for every fetch, so links are kept
+
+    async def _locked(self, fn: Callable[..., T], *args) -> T:
+        """``fn(*args)`` in a worker thread, under the driver's lock (the participant is not thread-safe).
+        A cancellation waits for the call to return, so the participant is never left half-way."""
+        async with self._lock:
+            return await trio.to_thread.run_sync(fn, *args)
 
     # -- what gossip brings --------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -75,7 +91,8 @@ class SlotDriver:
             task_status.started()
             async for delivery in self.host.inbox:
                 if isinstance(delivery.body, ReducedRecord):
-                    self._take(delivery.message)
+                    self._arrived.append(delivery.message)  # verified and offered by the next step
+                    self._poke()
 
     def _refused(self, why: str) -> None:
         self.dropped[why] += 1
@@ -96,15 +113,14 @@ class SlotDriver:
                 self.later.append(record)
         except RemoteProtocolError as e:
             self._refused(f"{body.record_kind} from {body.origin[:12]}: {e}")
-            return
-        self._poke()
 
     def _poke(self) -> None:
         self._changed.set()
 
-    def _dispatch_ready(self) -> None:
-        """Hand the node the records of the slot it is closing; keep later ones; drop older ones."""
-        s, keep = self.node._current(), []
+    def _dispatch_ready(self) -> list[Record]:
+        """Hand the node the records of the slot it is closing; keep later ones; drop older ones. Returns the
+        reductions whose bytes are to be fetched."""
+        s, keep, fetch = self.node._current(), [], []
         for record in self.later:
             slot = record.fields[0] if record.fields and isinstance(record.fields[0], int) else -1
             if slot > s.number or (slot == s.number and record.kind != SEAL and s.seal is None):
@@ -117,12 +133,35 @@ class SlotDriver:
                 except RemoteProtocolError as e:
                     self._refused(f"seal from {record.author[:12]}: {e}")
             elif record.kind == REDUCTION:
-                self._start(("reduction", record.id), self._fetch_reduction, record)
+                fetch.append(record)
             elif record.kind == FRAUD:
                 self.node.take_fraud(record)
             else:
                 self._refused(f"{record.kind.decode()} is not gossiped")
         self.later = keep
+        return fetch
+
+    def _step(self, started: float, now: float) -> tuple[list[Record], list[FetchPieces | NeedPartials | Publish], bool]:
+        """One step of the slot, in the worker thread: what gossip brought, the clock, everything the node can do.
+        Returns the reductions to fetch, what the node asks for (its own pieces already taken), and whether the
+        slot is applied with no fraud proof waiting."""
+        arrived, self._arrived = self._arrived, []
+        for message in arrived:
+            self._take(message)
+        fetch = self._dispatch_ready()
+        seal = self._tick(started, now)
+        out: list[FetchPieces | NeedPartials | Publish] = [] if seal is None else [seal]
+        own = True
+        while own:  # its own pieces are taken at once, and the node goes on with them
+            own = False
+            for action in self.node.advance():
+                if isinstance(action, FetchPieces) and action.origin == self.node.peer:
+                    self.node.take_pieces(action.update_id, action.pieces, *self.node.serve(action.update_id, action.pieces))
+                    own = True
+                else:
+                    out.append(action)
+        s = self.node._current()
+        return fetch, out, s.applied and not s.frauds
 
     # -- fetches -------------------------------------------------------------------------------------
     def _start(self, key: object, fn, *args) -> None:
@@ -138,9 +177,9 @@ class SlotDriver:
             log.info("fetch %s failed (%s): asked again", key[0], e)
             await trio.sleep(RETRY_S)
             if isinstance(key, tuple) and key[0] == "pieces":  # the node asks for them again
-                self.node._current().asked.difference_update((key[1], p.index) for p in key[2])
+                await self._locked(self.node._current().asked.difference_update, [(key[1], p.index) for p in key[2]])
             elif key[0] == "reduction":
-                self.later.append(args[0])
+                await self._locked(self.later.append, args[0])
         except RemoteProtocolError as e:
             self._refused(f"{key[0]}: {e}")
         finally:
@@ -149,44 +188,53 @@ class SlotDriver:
 
     async def _fetch_pieces(self, client, action: FetchPieces) -> None:
         data, proof = await self.plane.fetch_pieces(client, action.origin, action.update_id, action.pieces)
-        if self.node._current().seal is not None and action.update_id in self.node._current().sealed:
-            self.node.take_pieces(action.update_id, action.pieces, data, proof)
+
+        def take() -> None:
+            s = self.node._current()
+            if s.seal is not None and action.update_id in s.sealed:
+                self.node.take_pieces(action.update_id, action.pieces, data, proof)
+
+        await self._locked(take)
 
     async def _fetch_reduction(self, client, record: Record) -> None:
         limit = sum(n for _, n in self.node.plan.byte_ranges(self.node.plan.pieces, self.node.reduction_codec))
         data = await self.plane.fetch_reduction(client, record, limit)
-        if record.fields[0] == self.node._current().number:
-            self.node.take_reduction(record, data)
+
+        def take() -> None:
+            if record.fields[0] == self.node._current().number:
+                self.node.take_reduction(record, data)
+
+        await self._locked(take)
 
     async def _fetch_partials(self, client, need: NeedPartials) -> None:
-        s = self.node._current()
-        shards = {self.node.plan.shard_of(self.node.plan.pieces[i]) for i in need.pieces}
-        authors = {p for k in shards for p in s.roles[k][:s.at[k] + 1] if p != self.node.peer}
+        def authors() -> list[str]:
+            s = self.node._current()
+            shards = {self.node.plan.shard_of(self.node.plan.pieces[i]) for i in need.pieces}
+            return sorted({p for k in shards for p in s.roles[k][:s.at[k] + 1] if p != self.node.peer})
+
         found = False
-        for author in sorted(authors):
+        for author in await self._locked(authors):
             try:
-                for record in await self.plane.fetch_partials(client, author, need.key):
-                    if record.fields[1] == need.name:
-                        self.node.take_partials(record)
-                        found = True
+                records = [r for r in await self.plane.fetch_partials(client, author, need.key) if r.fields[1] == need.name]
             except FetchFailed:
                 continue
+            for record in records:
+                await self._locked(self.node.take_partials, record)
+                found = True
         if not found:
             raise FetchFailed(f"no partials of {need.name} yet")
 
     # -- one slot ------------------------------------------------------------------------------------
-    def publish(self, data: bytes, base: int, tokens: int, steps: int) -> Signed:
+    async def publish(self, data: bytes, base: int, tokens: int, steps: int) -> Signed:
         """Sign and gossip this node's update for the slot it is about to close."""
-        signed, record = self.node.publish(data, base, tokens, steps)
+        signed, record = await self._locked(self.node.publish, data, base, tokens, steps)
         self.plane.own(signed.message_id, self.node.slot)
         self.host.publish_reduced(record.kind, record.body, record.signature, wire.encode(signed))
         return signed
 
     def _act(self, action: FetchPieces | NeedPartials | Publish) -> None:
-        if isinstance(action, FetchPieces) and action.origin == self.node.peer:  # its own: no fetch
-            self.node.take_pieces(action.update_id, action.pieces, *self.node.serve(action.update_id, action.pieces))
-            self._poke()
-        elif isinstance(action, FetchPieces):
+        """What the node asked for, on the trio loop: fetches started, records kept and gossiped."""
+        if isinstance(action, FetchPieces):
             self._start(("pieces", action.update_id, action.pieces), self._fetch_pieces, action)
         elif isinstance(action, NeedPartials):
             self._start(("partials", action.name, action.key), self._fetch_partials, action)
@@ -198,17 +246,18 @@ class SlotDriver:
             r = action.record
             self.host.publish_reduced(r.kind, r.body, r.signature)
 
-    def _tick(self, started: float) -> None:
-        """Seal or pass over what the clock says is due."""
-        s, now = self.node._current(), self.now()
+    def _tick(self, started: float, now: float) -> Publish | None:
+        """Seal or pass over what the clock says is due (in the worker thread: ``now`` is read on the loop);
+        returns this node's seal when it sealed."""
+        s = self.node._current()
         if s.seal is None:
             order = self.node.sealer_order()
             if self.node.peer in order and self.node.takes_roles:
                 origins = {c.meta.origin for c in self.node.pool.values()}
                 place = order.index(self.node.peer)
                 if set(s.eligible) <= origins or now >= started + self.clock.patience + place * self.clock.xi:
-                    self._act(self.node.seal())
-            return
+                    return self.node.seal()
+            return None
         for k in s.roles:
             if not self.node.awaits(k):
                 self._since.pop(k, None)
@@ -230,10 +279,6 @@ class SlotDriver:
         return (f"shards awaited {awaited}, fetches in flight {fetching}, fraud proofs {sorted(s.frauds)}, "
                 f"applied {s.applied}")
 
-    def _settled(self, s: SlotState) -> bool:
-        return s.applied and not s.frauds and not any(
-            isinstance(key, tuple) and key[0] in ("pieces", "partials") for key in self._inflight)
-
     async def close(self, *, timeout: float = 600.0) -> SlotState:
         """Close the slot this node is in (after :meth:`publish`, or with none of its own): returns what it
         found, once the slot is finished here."""
@@ -241,12 +286,12 @@ class SlotDriver:
         with trio.move_on_after(timeout) as scope:
             while True:
                 self._changed = trio.Event()
-                self._dispatch_ready()
-                self._tick(started)
-                for action in self.node.advance():
+                fetch, actions, applied = await self._locked(self._step, started, self.now())
+                for record in fetch:
+                    self._start(("reduction", record.id), self._fetch_reduction, record)
+                for action in actions:
                     self._act(action)
-                s = self.node._current()
-                if self._settled(s):
+                if applied and not self._fetching():
                     settled_at = settled_at if settled_at is not None else self.now()
                     if self.now() - settled_at >= self.clock.xi:
                         break
@@ -257,9 +302,17 @@ class SlotDriver:
         if scope.cancelled_caught:
             raise trio.TooSlowError(f"slot {self.node._current().number} not closed in {timeout:.0f} s: "
                                     f"{self._waiting()}")
-        s = self.node.finish()
-        self._since.clear()
-        self.plane.forget_before(s.number - 2)
+        s = await self._locked(self._finish)
+        self.plane.forget_before(s.number - 2)  # on the loop, beside the HTTP routes that read what it holds
         for reason in s.rejected:
             log.warning("slot %d: %s", s.number, reason)
+        return s
+
+    def _fetching(self) -> bool:
+        """Whether pieces or partials are on their way (a check or a judgement may still need them)."""
+        return any(isinstance(key, tuple) and key[0] in ("pieces", "partials") for key in self._inflight)
+
+    def _finish(self) -> SlotState:
+        s = self.node.finish()
+        self._since.clear()
         return s

@@ -129,7 +129,7 @@ async def _node(a: argparse.Namespace) -> dict:
             payload, started = node_update(shapes, a.seed, r, k), trio.current_time()
             out["update_bytes"] = len(payload)
             if reduced:
-                driver.publish(payload, node.slot, 1000, 50)
+                await driver.publish(payload, node.slot, 1000, 50)
                 s = await driver.close(timeout=a.timeout)
                 row = {"sealed": len(s.seal.ids), "passed": len(s.passed), "rejected": len(s.rejected)}
             else:

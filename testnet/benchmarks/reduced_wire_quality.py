@@ -81,7 +81,7 @@ async def _node(a: argparse.Namespace) -> dict:
             delta = {name: np.asarray(theta[name] - local[name], np.float32) for name in local}
             payload, _ = await trio.to_thread.run_sync(feedback.compress, delta)
             out["update_bytes"] = len(payload)
-            driver.publish(payload, node.slot, a.inner_steps * tokens_per_batch, a.inner_steps)
+            await driver.publish(payload, node.slot, a.inner_steps * tokens_per_batch, a.inner_steps)
             s = await driver.close(timeout=a.timeout)
             out["rounds"].append({"train_s": round(trained, 2), "slot_s": round(trio.current_time() - started - trained, 2),
                                   "sealed": len(s.seal.ids), "passed": len(s.passed)})

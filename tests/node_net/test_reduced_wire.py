@@ -8,6 +8,7 @@ replicas hold the harness's bits for the same lie."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,33 @@ def _updates(rounds: int) -> list[list[bytes]]:
     return out
 
 
+class _Watched(ReducedNode):
+    """A participant that records where its work runs: the trio thread never, two calls at once never."""
+
+    CALLS = ("publish", "offer", "seal", "take_seal", "take_pieces", "take_partials", "take_reduction", "take_fraud",
+             "pass_over", "advance", "finish")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.depth, self.owner, self.overlaps, self.on_loop, self.calls = 0, None, 0, [], 0
+        for name in self.CALLS:
+            setattr(self, name, self._watch(name, getattr(self, name)))
+
+    def _watch(self, name: str, fn):
+        def call(*args, **kwargs):
+            me = threading.get_ident()
+            if threading.current_thread() is threading.main_thread():  # the trio loop's thread
+                self.on_loop.append(name)
+            if self.depth and self.owner != me:  # another thread is inside (its own nested calls are fine)
+                self.overlaps += 1
+            self.owner, self.depth, self.calls = me, self.depth + 1, self.calls + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth -= 1
+        return call
+
+
 def _identities() -> list[Identity]:  # the harness's, so that headers, ids and roles are the same bits
     return [Identity.from_seed(hashlib.sha256(b"reduced-node-%d" % i).digest()) for i in range(N)]
 
@@ -75,14 +103,14 @@ async def test_replicas_over_the_wire_hold_the_harness_bits(tmp_path: Path) -> N
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             hosts = await _start(nursery, tmp_path, ids)
-            nodes = [ReducedNode(i, peers, plan, CONFIG, run_id=RUN, params=params) for i in ids]
+            nodes = [_Watched(i, peers, plan, CONFIG, run_id=RUN, params=params) for i in ids]
             drivers = [SlotDriver(h, node, SlotClock(patience=10.0, xi=2.0)) for h, node in zip(hosts, nodes)]
             for d in drivers:
                 await nursery.start(d.run)
 
             async def one(k: int, d: SlotDriver, found: list) -> None:
                 for r in range(rounds):
-                    d.publish(updates[r][k], d.node.slot, 1000, 50)
+                    await d.publish(updates[r][k], d.node.slot, 1000, 50)
                     found.append(await d.close(timeout=60))
 
             slots: list[list] = [[] for _ in drivers]
@@ -94,6 +122,9 @@ async def test_replicas_over_the_wire_hold_the_harness_bits(tmp_path: Path) -> N
             assert all(d.dropped == {} for d in drivers), [d.dropped for d in drivers]
             assert all(not s.passed for found in slots for s in found)  # every reducer was in time
             assert set(hosts[0].counters.rejections) <= {Reason.DUPLICATE}  # gossip's own repeats only
+            # the participant's work ran in worker threads, one call at a time on each node
+            assert all(n.on_loop == [] and n.overlaps == 0 and n.calls > 10 for n in nodes), \
+                [(n.on_loop[:3], n.overlaps, n.calls) for n in nodes]
             nursery.cancel_scope.cancel()
 
 
@@ -116,7 +147,7 @@ async def test_a_silent_reducer_is_passed_over_and_the_replicas_agree(tmp_path: 
             found: dict[str, object] = {}
 
             async def one(k: int, d: SlotDriver) -> None:
-                d.publish(updates[k], 0, 1000, 50)
+                await d.publish(updates[k], 0, 1000, 50)
                 found[d.node.peer] = await d.close(timeout=60)
 
             async with trio.open_nursery() as inner:
@@ -148,7 +179,7 @@ async def test_a_lying_aggregator_is_caught_and_judged_over_the_wire(tmp_path: P
             closed: list = []
 
             async def one(k: int, d: SlotDriver) -> None:
-                d.publish(updates[k], 0, 1000, 50)
+                await d.publish(updates[k], 0, 1000, 50)
                 closed.append(await d.close(timeout=60))
 
             async with trio.open_nursery() as inner:
