@@ -50,7 +50,7 @@ HTTP plane; in a closed run an outsider gets only GET /health, and members' cert
 
 Run-wide settings (every node of a run must agree; a joiner with --peers takes them from the run): --model,
 --set, --seed, --inner-steps, --compression, --window, --outer-lr, --outer-momentum, --outer-rule, --norm-clip,
---max-rounds (the run's last slot), --closed/--membership. All flags can come from a TOML file: --config node.toml.
+--max-rounds (the run's last slot), --closed/--membership, --traffic/--roster. All flags can come from a TOML file: --config node.toml.
 
 Environment: JAX_COMPILATION_CACHE_DIR=DIR (with JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0) keeps
 compiled steps between starts, which cuts a restart's start-up from tens of seconds to a few.
@@ -185,6 +185,26 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                        help="bound on any one update's influence: per tensor, updates larger than K x the slot's "
                             "median norm enter with that norm; 0 turns the bound off (default %(default)s; "
                             "PROTOCOL.md section 11c, docs/threat-model.md)")
+    traffic = p.add_argument_group(
+        "traffic that does not grow with the run",
+        "--traffic reduced: each slot is sealed by one signed seal, each shard of the model is reduced by one "
+        "aggregator from its contributors' committed pieces and checked by others, and every node applies the "
+        "reduced shards: a node moves ~2-3 updates' bytes per round whatever the run's size, against N - 1 "
+        "all-to-all (BENCHMARKS.md, issue 49; PROTOCOL.md section 15). Every node of the run is started together "
+        "with the same --roster. Not built yet for reduced runs: a node that restarts or joins late cannot catch "
+        "up (it stops with an error saying so), checkpoints, a roster that changes")
+    traffic.add_argument("--traffic", choices=("all-to-all", "reduced"), default="all-to-all",
+                         help="how updates travel (run-wide; default %(default)s: every node fetches every update)")
+    traffic.add_argument("--roster", type=Path, default=None, metavar="FILE",
+                         help="with --traffic reduced: the run's contributors, one peer id a line (diloco-admit id "
+                              "--key FILE prints a key's); run-wide, this node's own among them")
+    traffic.add_argument("--slot-patience", type=float, default=30.0, metavar="SECONDS",
+                         help="reduced: how long a sealer waits for every contributor's update after publishing its "
+                              "own; a slower contributor's update is carried into the next slot (default %(default)s)")
+    traffic.add_argument("--slot-step", type=float, default=3.0, metavar="SECONDS",
+                         help="reduced: the slot clock's step: between sealers, before a silent aggregator is "
+                              "passed over, and after a slot settles (default %(default)s); must exceed the time to "
+                              "fetch and reduce a shard")
     island = p.add_argument_group(
         "an island of several hosts",
         "one node trained by several processes, one per host, over one JAX mesh of all their devices "
@@ -289,7 +309,8 @@ def settings_from_args(args: argparse.Namespace):  # -> NodeSettings (imported l
         window=args.window, quorum=args.quorum, outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum, outer_rule=args.outer_rule, norm_clip=args.norm_clip, heartbeat_s=args.heartbeat, sync_timeout_s=args.sync_timeout,
         drain_timeout_s=args.drain_timeout, slowdown=args.slowdown, misbehave=args.misbehave,
-        allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership, metrics_file=args.metrics_file)
+        allow_chaos=args.allow_chaos, closed=args.closed, membership=args.membership, metrics_file=args.metrics_file,
+        traffic=args.traffic, roster=args.roster, slot_patience_s=args.slot_patience, slot_step_s=args.slot_step)
 
 
 async def _serve(runtime, stop_timeout_s: float) -> int:
@@ -325,6 +346,7 @@ def _user_error(exc: BaseException) -> tuple[int, str] | None:
     from node.island.config import ConfigError
     from node.island.data import DataError
     from node.island.task import TaskDataError, TaskError
+    from node.reduced.runtime import ReducedBehind
     from node.sync.join import NoPeerState
     from p2p.errors import AddressError
     from protocol.identity import KeyFileError
@@ -339,6 +361,8 @@ def _user_error(exc: BaseException) -> tuple[int, str] | None:
         return 2, str(exc)
     if isinstance(exc, NoPeerState):
         return 1, f"--peers: {exc}"
+    if isinstance(exc, ReducedBehind):
+        return 1, f"--traffic reduced: {exc}"
     return None
 
 
@@ -443,7 +467,12 @@ def build_runtime(args: argparse.Namespace, given: frozenset[str], task: Any = N
 
     return_freed_memory()
 
-    runtime = NodeRuntime(settings_from_args(args), task=task, on_metrics=on_metrics)
+    settings = settings_from_args(args)
+    if settings.traffic == "reduced":  # every node is given the run's flags with its roster: nothing to adopt
+        from node.reduced.runtime import ReducedRuntime
+
+        return ReducedRuntime(settings, task=task, on_metrics=on_metrics)
+    runtime = NodeRuntime(settings, task=task, on_metrics=on_metrics)
     if args.adopt and runtime.settings.peers:
         from node.adopt import adopt_run_config
 

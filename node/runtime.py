@@ -35,7 +35,6 @@ import trio
 import p2p
 from node.checkpoint import Checkpoint
 from node.chaos import ChaosRoute, ForgeState, Tarpit
-from node.island.config import ConfigError
 from node.sync.drain import DrainTracker, PeerView, drain_state
 from node.sync.forkhint import ForkHintRoute
 from node.sync.join import NoPeerState, StateServer, bootstrap_peers, sync_state
@@ -52,7 +51,8 @@ from node.outer.outer_files import MappedBottom, remove_old_blobs, scratch_dir
 from node.outer.resume import newest_checkpoint
 from node.island.mesh import describe_layout
 from node.start import start_state
-from node.settings import NodeSettings, ledger_config, load_admission, open_checkpoints, run_configuration
+from node.settings import (NodeSettings, ledger_config, load_admission, load_identity, open_checkpoints,
+                           run_configuration)
 from node.status import NodeStats, StatusRoutes, status_fields, write_last_status
 from node.island.task import Task
 from protocol import kernels
@@ -92,13 +92,7 @@ class NodeRuntime:
                  on_metrics: Callable[[dict], object] | None = None) -> None:
         self.settings = settings
         self.metrics = MetricsSink(on_metrics, settings.metrics_file)  # off unless asked for
-        if identity is None:
-            try:
-                settings.key_path.parent.mkdir(parents=True, exist_ok=True)
-                identity = Identity.load_or_create(settings.key_path)  # a new key file is created mode 0600
-            except OSError as exc:
-                raise ConfigError(f"--key {settings.key_path}: {exc.strerror or exc}") from None
-        self.identity = identity
+        self.identity = identity if identity is not None else load_identity(settings)
         self.peer_id = self.identity.peer_id
         self.custom_task = task is not None
         self.task = task if task is not None else settings.byte_lm_task()

@@ -4,13 +4,14 @@ test, and read by the runtime. The machine-learning half (model, data, inner opt
 
 Run-wide settings (every node of a run must agree, or their updates and states are refused):
 `run_id`, `model` and `overrides` (tensor shapes), `seed` (initial parameters), `window`, `outer_lr`,
-`outer_momentum`, `norm_clip`, `heartbeat_s`, and whether the run is closed (its founder: `closed`,
-`membership`).
+`outer_momentum`, `norm_clip`, `heartbeat_s`, whether the run is closed (its founder: `closed`,
+`membership`), and its traffic (`traffic`; a reduced run's `roster`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import os
 from collections.abc import Mapping
@@ -23,6 +24,8 @@ from node.island.data import resolve_vocab
 from protocol.addresses import is_wildcard_host
 from protocol.admission import Admission, Membership
 from protocol.compression.formats import codec_names
+from protocol.errors import RemoteProtocolError
+from protocol.identity import Identity, public_key_from_peer_id
 from protocol.ledger import LedgerConfig
 from protocol.ledger.rules import rule_names
 from protocol.messages import split_addr
@@ -31,10 +34,15 @@ from protocol.runconfig import encode_config
 if TYPE_CHECKING:
     from node.island.task import Task
 
-__all__ = ["CHAOS_MODES", "NodeSettings", "ledger_config", "load_admission", "open_checkpoints", "run_configuration"]
+__all__ = ["CHAOS_MODES", "TRAFFIC_MODES", "NodeSettings", "ledger_config", "load_admission", "load_identity",
+           "load_roster", "open_checkpoints", "run_configuration"]
 
 CHAOS_MODES = ("garbage", "bad-updates", "flood", "unproven", "tarpit", "forge-state", "poison:negate", "poison:scale",
                "poison:random", "poison:tokens", "poison:collude")
+# all-to-all: every node fetches every update; reduced: sealed slots, each shard reduced by one aggregator
+# (docs/design.md, "Traffic that does not grow with the run"; PROTOCOL.md section 15)
+TRAFFIC_MODES = ("all-to-all", "reduced")
+REDUCED_CHECK_SHARE = 0.5  # q: a checker's chance to draw each piece of a reduction it checks (run-wide)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +92,10 @@ class NodeSettings:
     closed: bool = False  # found a closed run: only keys this node's key admits take part (protocol.admission)
     membership: Path | None = None  # join a closed run with the founder's membership file for this key
     metrics_file: Path | None = None  # node.metrics: one JSON line of figures per round (None: off)
+    traffic: str = "all-to-all"  # TRAFFIC_MODES; "reduced" needs a roster
+    roster: Path | None = None  # a reduced run's contributors: a file of peer ids, one a line (load_roster)
+    slot_patience_s: float = 30.0  # reduced: a sealer's wait for every contributor's update after its own
+    slot_step_s: float = 3.0  # reduced: the slot clock's step ξ (between sealers, before a reducer is passed over)
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -134,6 +146,18 @@ class NodeSettings:
             _fail(f"--heartbeat must be in (0, 60] seconds, got {self.heartbeat_s}")
         if self.misbehave is not None and self.misbehave not in CHAOS_MODES:
             _fail(f"--misbehave must be one of {CHAOS_MODES}, got {self.misbehave!r}")
+        if self.traffic not in TRAFFIC_MODES:
+            _fail(f"--traffic must be one of {TRAFFIC_MODES}, got {self.traffic!r}")
+        if self.traffic == "reduced":
+            if self.roster is None:
+                _fail("--traffic reduced needs --roster FILE: the peer ids of the run's contributors, one a line")
+            if self.misbehave is not None:
+                _fail("--misbehave is not built for --traffic reduced (its attacks are the ledger's)")
+            for flag, value in (("--slot-patience", self.slot_patience_s), ("--slot-step", self.slot_step_s)):
+                if not 0.0 < value < float("inf"):
+                    _fail(f"{flag} must be > 0 seconds, got {value}")
+        elif self.roster is not None:
+            _fail("--roster names a reduced run's contributors: give it with --traffic reduced")
 
     def advertise_host_port(self) -> tuple[str, int]:
         """`advertise` as (host, gossip port); port 0 when it names a host only ("": not given)."""
@@ -192,7 +216,7 @@ def ledger_config(settings: NodeSettings, task: Task) -> LedgerConfig:
 
 
 def run_configuration(settings: NodeSettings, task: Task, ledger_fingerprint: Mapping[str, object],
-                      founder: str = "", peer_id: str = "") -> str:
+                      founder: str = "", peer_id: str = "", roster: tuple[str, ...] = ()) -> str:
     """The run configuration this node trains with (`protocol.runconfig`): what every node of its run must
     share — the model's run-wide fields (for the byte-level model: its architecture, the inner optimizer and
     schedule, the batch size and data seed; for every model: hashes of its tensors, its traced loss and inner
@@ -204,7 +228,49 @@ def run_configuration(settings: NodeSettings, task: Task, ledger_fingerprint: Ma
     fields.update({"run.seed": settings.seed, "run.inner_steps": settings.inner_steps,
                    "run.compression": str(settings.compression), "run.founder": founder})
     fields.update({f"outer.{k}": (tuple(v) if isinstance(v, list) else v) for k, v in ledger_fingerprint.items()})
+    if settings.traffic == "reduced":  # an all-to-all run's configuration is as it was before reduced slots
+        fields.update({"run.traffic": "reduced", "reduced.roster": roster_digest(roster),
+                       "reduced.shards": len(roster), "reduced.check_share": REDUCED_CHECK_SHARE})
     return encode_config(fields)  # type: ignore[arg-type]
+
+
+def load_identity(settings: NodeSettings) -> Identity:
+    """The node's key (`--key`), created mode 0600 when the file does not exist."""
+    try:
+        settings.key_path.parent.mkdir(parents=True, exist_ok=True)
+        return Identity.load_or_create(settings.key_path)
+    except OSError as exc:
+        raise ConfigError(f"--key {settings.key_path}: {exc.strerror or exc}") from None
+
+
+def load_roster(settings: NodeSettings, peer_id: str) -> tuple[str, ...]:
+    """A reduced run's contributors (`--roster FILE`): peer ids, one a line (blank lines and `#` comments
+    skipped), sorted; this node's own among them. Every node of the run is started with the same roster (its
+    digest is part of the run configuration: a node with another is refused)."""
+    assert settings.roster is not None
+    try:
+        lines = settings.roster.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--roster {settings.roster}: {getattr(exc, 'strerror', None) or exc}") from None
+    ids = [line.split("#", 1)[0].strip() for line in lines]
+    ids = [i for i in ids if i]
+    for n, peer in enumerate(ids, 1):
+        try:
+            public_key_from_peer_id(peer)
+        except RemoteProtocolError:
+            raise ConfigError(f"--roster {settings.roster}: {peer[:60]!r} (entry {n}) is not a peer id "
+                              "(diloco-admit id --key FILE prints one)") from None
+    roster = tuple(sorted(set(ids)))
+    if len(roster) < 2:
+        raise ConfigError(f"--roster {settings.roster}: a reduced run needs at least 2 contributors, got {len(roster)}")
+    if peer_id not in roster:
+        raise ConfigError(f"--roster {settings.roster} does not name this node's key ({peer_id})")
+    return roster
+
+
+def roster_digest(roster: tuple[str, ...]) -> str:
+    """What the run configuration holds of a roster: SHA-256 of its sorted peer ids, one a line, hex."""
+    return hashlib.sha256("".join(p + "\n" for p in sorted(roster)).encode()).hexdigest()
 
 
 def load_admission(settings: NodeSettings, peer_id: str) -> Admission:

@@ -97,6 +97,8 @@ class NodeStats:
     inner_lr: float | None = None  # the inner optimizer's peak learning rate
     max_rounds: int | None = None
     island: dict[str, Any] | None = None  # the inner loop's devices and mesh (`InnerLoop.layout`)
+    # how updates travel (--traffic): a reduced run adds its roster, shards and its last slot's outcome
+    traffic: dict[str, Any] = field(default_factory=lambda: {"mode": "all-to-all"})
     round_seconds: Histogram | None = None  # set by StatusRoutes (/metrics): the wall time of each round
 
     @contextmanager
@@ -191,6 +193,7 @@ def status_fields(stats: NodeStats, replica: Replica | None, host: Host,
         "blobs_leave": host.outreach.blobs_leave,
         "tls": host.tls is not None,
         "island": stats.island,
+        "traffic": stats.traffic,
         "peer_slots": {p.peer_id: p.slot for p in host.peers()},
         "time_s": {k: round(v, 3) for k, v in stats.time_s.items()},
         "peak_rss_bytes": peak_rss_bytes(),

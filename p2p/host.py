@@ -273,6 +273,18 @@ class Host(PeerLinks, BlobFetching):
     def connected_peers(self) -> list[str]:
         return sorted(self.router.peers)
 
+    def known_http_addr(self, peer: str) -> str | None:
+        """`peer`'s HTTP address as it said on connecting, else as peer exchange told; None if unknown."""
+        st = self.router.peers.get(peer)
+        if st is not None and st.info.http_addr:
+            return st.info.http_addr
+        known = self.router.table.get(peer)
+        return known.info.http_addr if known is not None and known.info.http_addr else None
+
+    def knows_peer(self, peer: str) -> bool:
+        """Whether `peer` is connected, or named by peer exchange."""
+        return peer in self.router.peers or peer in self.router.table
+
     def peers(self) -> list[PeerStatus]:
         now = self.now()
         out = []

@@ -111,11 +111,8 @@ class ReducedPlane:
     def _url(self, peer: str) -> str | None:
         """``peer``'s HTTP plane: as it said on connecting, else as peer exchange told (a run larger than a
         peer table has authors this node is not connected to; what they serve is pinned by signatures)."""
-        for p in self.host.peers():
-            if p.peer_id == peer and p.http_addr:
-                return self.host.peer_url(p.http_addr)
-        known = self.host.router.table.get(peer)
-        return self.host.peer_url(known.info.http_addr) if known is not None and known.info.http_addr else None
+        addr = self.host.known_http_addr(peer)
+        return self.host.peer_url(addr) if addr else None
 
     async def _get(self, client: httpx.AsyncClient, peer: str, path: str, limit: int) -> bytes:
         url = self._url(peer)

@@ -71,7 +71,15 @@ class ReducedReplica:
     def params(self) -> dict[str, np.ndarray]:
         return {n: a.copy() for n, a in self.theta.items()}
 
+    def params_digest(self) -> bytes:
+        """SHA-256 over ``θ``'s tensors in sorted-name order (their float32 bytes)."""
+        h = hashlib.sha256()
+        for n in sorted(self.theta):
+            h.update(self.theta[n].tobytes())
+        return h.digest()
+
     def digest(self) -> bytes:
+        """SHA-256 over ``θ`` and ``v``, tensor by tensor in sorted-name order (their float32 bytes)."""
         h = hashlib.sha256()
         for n in sorted(self.theta):
             h.update(self.theta[n].tobytes())
