@@ -117,9 +117,8 @@ def start(task: Any, argv: Sequence[str] | None = None, *, settings: Any = None,
     `diloco.NodeSettings`: the flags as fields, taken as they are — no adoption of the run's configuration from
     a peer, whose handshake still refuses a mismatch). Raises ValueError for arguments `diloco-node` would
     refuse (the message is on stderr too), and the node's own error if it fails before listening."""
-    from node.cli import CLI_MODEL_FLAGS, build_runtime, parse
+    from node.cli import CLI_MODEL_FLAGS, build_runtime, node_runtime, parse
     from node.island.task import Task
-    from node.runtime import NodeRuntime
     from node.settings import NodeSettings
 
     if not isinstance(task, Task):
@@ -129,7 +128,7 @@ def start(task: Any, argv: Sequence[str] | None = None, *, settings: Any = None,
             raise ValueError("start() takes argv or settings, not both")
         if not isinstance(settings, NodeSettings):
             raise TypeError(f"settings must be a diloco.NodeSettings, got {type(settings).__name__}")
-        return RunningNode(NodeRuntime(settings, task=task, on_metrics=on_metrics))
+        return RunningNode(node_runtime(settings, task=task, on_metrics=on_metrics))
     try:
         args, given = parse(argv, task.model.name)
     except SystemExit as exc:

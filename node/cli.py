@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["build_parser", "main", "settings_from_args"]
+__all__ = ["build_parser", "main", "node_runtime", "settings_from_args"]
 
 EPILOG = """\
 stdout: "LISTENING <peer_id> <gossip host:port> <http host:port>" once listening, and at the end
@@ -459,6 +459,18 @@ def _speak(args: argparse.Namespace, given: frozenset[str], task: Any, on_metric
     return trio.run(_serve, build_runtime(args, given, task, on_metrics), args.stop_timeout)
 
 
+def node_runtime(settings, identity: Any = None, task: Any = None, on_metrics: Any = None):
+    """The runtime of `settings`: `node.runtime.NodeRuntime` (all-to-all), or `node.reduced.runtime.ReducedRuntime`
+    for `--traffic reduced`."""
+    if settings.traffic == "reduced":
+        from node.reduced.runtime import ReducedRuntime
+
+        return ReducedRuntime(settings, identity, task, on_metrics)
+    from node.runtime import NodeRuntime
+
+    return NodeRuntime(settings, identity, task, on_metrics)
+
+
 def build_runtime(args: argparse.Namespace, given: frozenset[str], task: Any = None, on_metrics: Any = None):
     """The node of parsed arguments (`parse`), with the run's configuration adopted from a bootstrap peer
     when `--adopt` says so. Blocking (the adoption dials out)."""
@@ -469,9 +481,7 @@ def build_runtime(args: argparse.Namespace, given: frozenset[str], task: Any = N
 
     settings = settings_from_args(args)
     if settings.traffic == "reduced":  # every node is given the run's flags with its roster: nothing to adopt
-        from node.reduced.runtime import ReducedRuntime
-
-        return ReducedRuntime(settings, task=task, on_metrics=on_metrics)
+        return node_runtime(settings, task=task, on_metrics=on_metrics)
     runtime = NodeRuntime(settings, task=task, on_metrics=on_metrics)
     if args.adopt and runtime.settings.peers:
         from node.adopt import adopt_run_config

@@ -81,8 +81,8 @@ class ReducedView:
     held: dict[int, int] = {}
     guard = _NoForks()
 
-    def __init__(self, node: ReducedNode) -> None:
-        self.node = node
+    def __init__(self, node: ReducedNode, driver: SlotDriver) -> None:
+        self.node, self._driver = node, driver
         self.updates_applied = 0
         self.outcomes: Counter[str] = Counter()
         self.cached_digests: tuple[bytes, bytes] | None = None
@@ -94,6 +94,10 @@ class ReducedView:
 
     async def digests(self) -> tuple[bytes, bytes]:
         return self.cached_digests if self.cached_digests is not None else (b"", b"")
+
+    async def params(self) -> dict[str, np.ndarray]:
+        """The replica's ``θ`` (float32 copies), taken between the participant's steps."""
+        return await self._driver._locked(self.node.replica.params)
 
     def finished(self, s: SlotState, digests: tuple[bytes, bytes]) -> None:
         """Slot `s` is finished here, and the replica's digests are now `digests`."""
@@ -135,6 +139,7 @@ class ReducedRuntime:
         self.feedback = ErrorFeedback(settings.compression)
         self.result: Stopped | None = None
         self.node: ReducedNode | None = None
+        self.replica: ReducedView | None = None
         self._stop_reason: str | None = None
         self._stop_event = trio.Event()
         self._closing: trio.CancelScope | None = None  # the slot being closed, left at a stop
@@ -195,10 +200,10 @@ class ReducedRuntime:
         params = {n: np.asarray(v, np.float32) for n, v in self.loop.params.items()}
         self.node = ReducedNode(self.identity, self.roster, self.plan, self.ledger_config, run_id=s.run_id,
                                 codec=s.compression, q=REDUCED_CHECK_SHARE, params=params, seed=s.seed)
-        self.view = ReducedView(self.node)
-        self.view.cached_digests = (self.node.replica.digest(), self.node.replica.params_digest())
-        self.status.replica = self.view
         self.driver = SlotDriver(self.host, self.node, SlotClock(s.slot_patience_s, s.slot_step_s))
+        self.replica = ReducedView(self.node, self.driver)  # what /status and the library's handle read
+        self.replica.cached_digests = (self.node.replica.digest(), self.node.replica.params_digest())
+        self.status.replica = self.replica
         self.stats.island = self.loop.layout()
         log.info("model ready: %d tensors on %s, compiled in %.2f s; reduced run of %d contributors, %d shards",
                  len(self.shapes), describe_layout(self.stats.island), seconds, len(self.roster), self.plan.shards)
@@ -240,7 +245,7 @@ class ReducedRuntime:
         s, node, stats = self.settings, self.node, self.stats
         self._check_not_behind()
         with stats.timed("round_start"):
-            theta = await self.driver._locked(node.replica.params)
+            theta = await self.replica.params()
             await trio.to_thread.run_sync(self.loop.set_params, theta)
         with stats.timed("inner_steps"):
             result = await trio.to_thread.run_sync(functools.partial(self.loop.run, s.inner_steps,
@@ -269,9 +274,9 @@ class ReducedRuntime:
         if scope.cancelled_caught:
             return None
         digests = await self.driver._locked(lambda: (node.replica.digest(), node.replica.params_digest()))
-        self.view.finished(closed, digests)
+        self.replica.finished(closed, digests)
         stats.round += 1
-        stats.traffic["last_slot"] = self.view.last_slot
+        stats.traffic["last_slot"] = self.replica.last_slot
         stats.traffic["records_dropped"] = dict(self.driver.dropped)
         self._progress("training")
         log.info("slot %d closed: %d updates sealed, %d shards passed over%s", closed.number, len(closed.seal.ids),
@@ -283,7 +288,7 @@ class ReducedRuntime:
 
     async def _evaluate(self, what: str = "") -> None:
         with self.stats.timed("evaluate"):
-            slot, params = self.node.slot, await self.driver._locked(self.node.replica.params)
+            slot, params = self.node.slot, await self.replica.params()
             loss = await trio.to_thread.run_sync(functools.partial(self.loop.evaluate, self.heldout, params=params))
         if np.isfinite(loss):
             self.stats.eval_loss, self.stats.eval_slot = loss, slot
@@ -292,13 +297,13 @@ class ReducedRuntime:
 
     async def _emit_metrics(self, event: str) -> None:
         if self.metrics.active:
-            record = metrics_record(event, status_fields(self.stats, self.view, self.host), self.task.model.metric,
+            record = metrics_record(event, status_fields(self.stats, self.replica, self.host), self.task.model.metric,
                                     self.task.tokens_per_batch)
             await trio.to_thread.run_sync(self.metrics.emit, record)
 
     async def _finish(self, failure: str | None) -> Stopped:
         """Goodbye and the `Stopped` line (the replica's digests of its last finished slot)."""
-        digests = self.view.cached_digests or (b"", b"")
+        digests = self.replica.cached_digests or (b"", b"")
         if self.heldout and self.settings.eval_every and failure is None:
             await self._evaluate("the final model of this node")
         self.stats.state = "stopped"
@@ -306,7 +311,7 @@ class ReducedRuntime:
         await self._emit_metrics("stopped")
         if self.settings.checkpoint_dir is not None:
             await trio.to_thread.run_sync(write_last_status, self.settings.checkpoint_dir,
-                                          status_fields(self.stats, self.view, self.host, digests))
+                                          status_fields(self.stats, self.replica, self.host, digests))
         reason = failure or self._stop_reason or "max-rounds reached"
         await self.host.close(reason)
         log.info("stopped at slot %d, replica %s, params %s: %s", self.node.slot, digests[0].hex()[:16],

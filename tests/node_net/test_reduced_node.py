@@ -70,9 +70,10 @@ def test_four_nodes_of_a_roster_close_reduced_slots_and_stop_equal(cluster, tmp_
 
 def test_a_node_behind_a_reduced_run_stops_with_an_error_that_says_why(cluster, tmp_path: Path) -> None:
     roster, _ = _roster(tmp_path, ["a", "b", "late"])
-    a = cluster("a", *COMMON, "--roster", str(roster), "--sync-timeout", "1")
+    alone = [*COMMON, "--slot-patience", "2"]  # the sealers wait this long for the absent third contributor
+    a = cluster("a", *alone, "--roster", str(roster), "--sync-timeout", "1")
     a.wait_listening(START_S)
-    b = cluster("b", *COMMON, "--roster", str(roster), "--sync-timeout", "1", "--peers", a.gossip)
+    b = cluster("b", *alone, "--roster", str(roster), "--sync-timeout", "1", "--peers", a.gossip)
     b.wait_listening(START_S)
     late = None
     try:
