@@ -187,12 +187,10 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "PROTOCOL.md section 11c, docs/threat-model.md)")
     traffic = p.add_argument_group(
         "traffic that does not grow with the run",
-        "--traffic reduced: each slot is sealed by one signed seal, each shard of the model is reduced by one "
-        "aggregator from its contributors' committed pieces and checked by others, and every node applies the "
-        "reduced shards: a node moves ~2-3 updates' bytes per round whatever the run's size, against N - 1 "
-        "all-to-all (BENCHMARKS.md, issue 49; PROTOCOL.md section 15). Every node of the run is started together "
-        "with the same --roster. Not built yet for reduced runs: a node that restarts or joins late cannot catch "
-        "up (it stops with an error saying so), checkpoints, a roster that changes")
+        "--traffic reduced: each slot sealed once, each shard of the model reduced by one aggregator and checked by "
+        "others: ~2-3 updates' bytes in per node and round whatever the run's size, against N - 1 all-to-all "
+        "(docs/deployment.md, \"Many nodes\"). Every node starts together with the same --roster; one that "
+        "restarts or comes late cannot catch up yet (it stops, saying so), and no checkpoints are written")
     traffic.add_argument("--traffic", choices=("all-to-all", "reduced"), default="all-to-all",
                          help="how updates travel (run-wide; default %(default)s: every node fetches every update)")
     traffic.add_argument("--roster", type=Path, default=None, metavar="FILE",
