@@ -110,6 +110,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                                               "--minutes is then an upper bound, and the inner learning-rate "
                                               "schedule decays over the run (total_steps = R x H, unless --set "
                                               "gives it) (default: run --minutes)")
+    a("--traffic", choices=("all-to-all", "reduced"), default="all-to-all",
+      help="how the nodes' updates travel: all-to-all (every node fetches every update), or reduced (diloco-node "
+           "--traffic reduced: slots sealed, each shard reduced by one node and checked; ~2-3 updates in per node and "
+           "round whatever --nodes is). reduced needs --rounds and no kills, partitions or --misbehave (a reduced "
+           "node cannot sync a state yet) (default all-to-all)")
     a("--kill-every", type=float, default=0.0, metavar="T",
       help="SIGKILL a random running node every T seconds (0 = never; default 0)")
     a("--downtime", type=float, default=15.0, metavar="D", help="restart a killed node after D seconds (default 15)")
@@ -160,6 +165,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     if ns.steps is not None and timed:
         p.error("--steps goes with neither kills, partitions nor --rounds, whose times need a run of known length "
                 "(give --minutes)")
+    if ns.traffic == "reduced" and ns.rounds is None:
+        p.error("--traffic reduced needs --rounds R: a reduced run's nodes stop together at its last slot")
+    if ns.traffic == "reduced" and (ns.kill_every > 0 or ns.partition or ns.misbehave):
+        p.error("--traffic reduced goes with neither kills, partitions nor --misbehave: a reduced node cannot sync "
+                "a state yet, so a restarted one stops")
     if ns.minutes is None:
         ns.minutes = STEPS_MINUTES if ns.steps is not None else 2.0
     at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),
@@ -192,7 +202,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    baseline=ns.baseline, solo_seconds=ns.solo_seconds, out=ns.out, progress=ns.progress,
                    start_timeout=ns.start_timeout, stop_grace=ns.stop_grace, poll_interval=ns.poll_interval,
                    node_args=tuple(ns.node_arg), insecure=ns.insecure, overrides=tuple(ns.overrides), plan_only=ns.plan_only,
-                   pin_cpus=ns.pin_cpus)
+                   pin_cpus=ns.pin_cpus, traffic=ns.traffic)
 
 
 def main(argv: Sequence[str] | None = None, *, argv_builder=None) -> int:

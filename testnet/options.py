@@ -51,6 +51,7 @@ class Options:
     pin_cpus: bool = True  # each node on an equal share of the cores (`testnet.cpus`)
     plan_only: bool = False
     paced_total_steps: int | None = None  # set by the testnet from the solo run's pace (`testnet.horizon`)
+    traffic: str = "all-to-all"  # the nodes' --traffic ("reduced": the main run's nodes get a roster of their keys)
 
     def schedule_horizon(self) -> int | None:
         """The inner schedule's `total_steps` the testnet sets, or None (the preset's, or `--set`'s):

@@ -8,6 +8,7 @@
 - `stop_processes` is the one way to stop: SIGTERM to each group, wait at most `grace` seconds, SIGKILL
   the groups still alive, then reap. It shields itself from cancellation, so it is safe in `finally`.
 - `GroupRegistry.kill_all_now` is the synchronous last resort (after `trio.run` returned or raised).
+- `free_port`: a loopback port for a child told its address before it starts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import IO
 
 import trio
 
-__all__ = ["GroupRegistry", "LineReader", "Listening", "NodeStartError", "alive", "drain_to_log", "log_tail",
+__all__ = ["GroupRegistry", "LineReader", "Listening", "NodeStartError", "alive", "drain_to_log", "free_port", "log_tail",
            "spawn", "stop_processes", "wait_listening"]
 
 
@@ -56,6 +58,13 @@ class Listening:
     @property
     def http_port(self) -> int:
         return int(self.http.rpartition(":")[2])
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def alive(pid: int) -> bool:

@@ -226,7 +226,8 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
         stage.name = "nodes"
         # faults count from the moment every node trains, so that each lands inside the window the report
         # measures (a kill during the start-up would move that window and leave the kill out of it)
-        await _supervise(specs, builder(specs), run_dir, plan, o, meta, progress=RunProgress(o.progress),
+        await _supervise(specs, _with_traffic(o, run_dir, specs, builder(specs)), run_dir, plan, o, meta,
+                         progress=RunProgress(o.progress),
                          registry=registry, network=network, plan_from_ready=plan.has_faults, until_steps=o.steps)
     finally:
         if network is not None:
@@ -239,6 +240,16 @@ async def run_testnet(o: Options, *, argv_builder=None, registry: GroupRegistry 
     stage.name = "report"
     final_report(run_dir, warnings, say)
     return run_dir
+
+
+def _with_traffic(o: Options, run_dir: Path, specs: list, argv: ArgvBuilder) -> ArgvBuilder:
+    """The main run's command lines: with `--traffic reduced`, every node's gets the roster of the run's keys
+    (the solo run's nodes, of other keys, train all-to-all alone)."""
+    if o.traffic != "reduced":
+        return argv
+    roster = run_dir / "roster.txt"
+    roster.write_text("".join(f"{spec.peer_id}\n" for spec in specs))
+    return lambda spec, gp, hp, peers: [*argv(spec, gp, hp, peers), "--traffic", "reduced", "--roster", str(roster)]
 
 
 async def _baseline(o: Options, run_dir: Path, meta: RunMeta, registry: GroupRegistry) -> None:

@@ -279,19 +279,22 @@ class SlotDriver:
         return (f"shards awaited {awaited}, fetches in flight {fetching}, fraud proofs {sorted(s.frauds)}, "
                 f"applied {s.applied}")
 
-    async def close(self, *, timeout: float = 600.0) -> SlotState:
+    async def close(self, *, timeout: float = 600.0, applied: trio.Event | None = None) -> SlotState:
         """Close the slot this node is in (after :meth:`publish`, or with none of its own): returns what it
-        found, once the slot is finished here."""
+        found, once the slot is finished here. ``applied`` is set once the replica has stepped with the slot's
+        reduced shards (its ``θ`` is the slot's unless a fraud proof still replaces a shard)."""
         started, settled_at = self.now(), None
         with trio.move_on_after(timeout) as scope:
             while True:
                 self._changed = trio.Event()
-                fetch, actions, applied = await self._locked(self._step, started, self.now())
+                fetch, actions, applied_here = await self._locked(self._step, started, self.now())
                 for record in fetch:
                     self._start(("reduction", record.id), self._fetch_reduction, record)
                 for action in actions:
                     self._act(action)
-                if applied and not self._fetching():
+                if applied_here and applied is not None:
+                    applied.set()
+                if applied_here and not self._fetching():
                     settled_at = settled_at if settled_at is not None else self.now()
                     if self.now() - settled_at >= self.clock.xi:
                         break

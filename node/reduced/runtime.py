@@ -143,6 +143,8 @@ class ReducedRuntime:
         self._stop_reason: str | None = None
         self._stop_event = trio.Event()
         self._closing: trio.CancelScope | None = None  # the slot being closed, left at a stop
+        self._closed: trio.Event | None = None  # set once the slot being closed is finished here
+        self._close_failure: str | None = None
 
     # ---- stopping ---------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -183,9 +185,11 @@ class ReducedRuntime:
                     await self._meet_roster()
                 self.stats.state = "training"
                 self._progress("training")
+                self._nursery = nursery
                 reason = None
                 while reason is None and not self.stop_requested() and not self._last_round():
                     reason = await self._one_round()
+                reason = reason or await self._previous_slot()
                 self.result = await self._finish(reason)
                 nursery.cancel_scope.cancel()
         return self.result
@@ -230,7 +234,9 @@ class ReducedRuntime:
                         len(missing), ", ".join(sorted(p[:12] for p in missing)))
 
     def _last_round(self) -> bool:
-        return self.settings.max_rounds is not None and self.node.slot >= self.settings.max_rounds
+        """Whether the slot this node closes (or closed) last is the run's last (`--max-rounds`)."""
+        closing = self.node.slot + (self._closed is not None and not self._closed.is_set())
+        return self.settings.max_rounds is not None and closing >= self.settings.max_rounds
 
     def _check_not_behind(self) -> None:
         ahead = {p.peer_id: p.slot for p in self.host.peers() if p.slot is not None and p.slot >= self.node.slot + AHEAD_SLOTS}
@@ -241,7 +247,9 @@ class ReducedRuntime:
                                 "moved on: start every contributor of the roster together")
 
     async def _one_round(self) -> str | None:
-        """Train a round and close its slot; returns why the node stops, if it must (else None)."""
+        """Train a round from the newest applied slot's ``θ`` while that slot finishes (its finish wait, checks
+        and proofs: `_close`), then publish its update and close its slot up to the point where it is applied;
+        returns why the node stops, if it must (else None)."""
         s, node, stats = self.settings, self.node, self.stats
         self._check_not_behind()
         with stats.timed("round_start"):
@@ -252,39 +260,65 @@ class ReducedRuntime:
                                                                      should_stop=self.stop_requested))
         stats.observe_round(result.steps, result.seconds, result.tokens, result.mean_loss)
         stats.contributed_step_seconds += result.seconds
-        if self.stop_requested() and result.steps * 8 < s.inner_steps:
-            return None  # cut short before it holds an update's worth of steps
         with stats.timed("compress"):
             delta = {n: np.asarray(theta[n] - result.params[n], np.float32) for n in theta}
             payload, _ = await trio.to_thread.run_sync(self.feedback.compress, delta)
+        failure = await self._previous_slot()
+        if failure is not None or self.stop_requested():
+            return failure  # a stop cut the round short, or left the slot: the peers go on without it
         with stats.timed("publish"):
             await self.driver.publish(payload, node.slot, result.tokens, result.steps)
         stats.updates_published += 1
         stats.first_update_at = stats.first_update_at or time.time()
-        limit = SLOT_TIMEOUT_FACTOR * (s.slot_patience_s + s.slot_step_s)
-        with stats.timed("close_wait"), trio.CancelScope() as scope:
-            self._closing = scope
-            try:
-                closed = await self.driver.close(timeout=limit)
-            except trio.TooSlowError as exc:
-                log.error("%s", exc)
-                return f"slot {node.slot + 1} not closed: {exc}"
-            finally:
-                self._closing = None
-        if scope.cancelled_caught:
-            return None
-        digests = await self.driver._locked(lambda: (node.replica.digest(), node.replica.params_digest()))
-        self.replica.finished(closed, digests)
-        stats.round += 1
-        stats.traffic["last_slot"] = self.replica.last_slot
-        stats.traffic["records_dropped"] = dict(self.driver.dropped)
-        self._progress("training")
-        log.info("slot %d closed: %d updates sealed, %d shards passed over%s", closed.number, len(closed.seal.ids),
-                 len(closed.passed), f", aggregators caught {closed.caught}" if closed.caught else "")
-        if s.eval_every and self.heldout and stats.round % s.eval_every == 0:
-            await self._evaluate()
-        await self._emit_metrics("round")
+        applied, self._closed = trio.Event(), trio.Event()
+        self._nursery.start_soon(self._close, applied, self._closed)
+        with stats.timed("close_wait"):
+            await applied.wait()  # the next round trains from here, while the slot finishes
         return None
+
+    async def _previous_slot(self) -> str | None:
+        """Wait until the slot being closed is finished here; then evaluate when due. Returns its failure."""
+        if self._closed is None:
+            return None
+        with self.stats.timed("close_wait"):
+            await self._closed.wait()
+        self._closed = None
+        failure, self._close_failure = self._close_failure, None
+        if failure is None and not self.stop_requested():
+            if self.settings.eval_every and self.heldout and self.stats.round % self.settings.eval_every == 0:
+                await self._evaluate()
+            await self._emit_metrics("round")
+        return failure
+
+    async def _close(self, applied: trio.Event, closed: trio.Event) -> None:
+        """Close the slot this node published into: `applied` once its reduced shards are applied, `closed` once
+        it is finished here (or failed: `_close_failure`, or left at a stop)."""
+        s, node = self.settings, self.node
+        limit = SLOT_TIMEOUT_FACTOR * (s.slot_patience_s + s.slot_step_s)
+        try:
+            with trio.CancelScope() as self._closing:
+                if self.stop_requested():
+                    return
+                try:
+                    state = await self.driver.close(timeout=limit, applied=applied)
+                except trio.TooSlowError as exc:
+                    log.error("%s", exc)
+                    self._close_failure = f"slot {node.slot + 1} not closed: {exc}"
+                    return
+            if self._closing.cancelled_caught:
+                return
+            digests = await self.driver._locked(lambda: (node.replica.digest(), node.replica.params_digest()))
+            self.replica.finished(state, digests)
+            self.stats.round += 1
+            self.stats.traffic["last_slot"] = self.replica.last_slot
+            self.stats.traffic["records_dropped"] = dict(self.driver.dropped)
+            self._progress("training")
+            log.info("slot %d closed: %d updates sealed, %d shards passed over%s", state.number, len(state.seal.ids),
+                     len(state.passed), f", aggregators caught {state.caught}" if state.caught else "")
+        finally:
+            self._closing = None
+            applied.set()
+            closed.set()
 
     async def _evaluate(self, what: str = "") -> None:
         with self.stats.timed("evaluate"):

@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from testnet.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,17 +86,11 @@ print("RESULT", json.dumps({"steps_per_s": statistics.median(rates), "boundary_s
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(processes: int, devices: int, spec: dict, timeout_s: float) -> dict:
     """One island of `processes` processes with `devices` CPU devices each; the speaker's figures."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(processes), str(port), json.dumps(spec)],
                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(processes)]

@@ -29,6 +29,7 @@ from protocol.compression import payload_size
 from protocol.identity import Identity
 from testnet.benchmarks.task_nodes import _line, _start
 from testnet.benchmarks.task_quality import REPO
+from testnet.procs import free_port
 
 MODES = ("all-to-all", "reduced")
 CLI = REPO / "node" / "cli.py"
@@ -44,10 +45,12 @@ def _run(mode: str, work: Path, a: argparse.Namespace) -> dict:
     if mode == "reduced":
         args += ["--traffic", "reduced", "--roster", str(a.keys / "roster.txt"), "--slot-patience",
                  str(a.patience), "--slot-step", str(a.xi)]
+    # every node started at once on a port chosen here, each with a peer (node 0 with node 1): a node with
+    # --peers waits for one before it trains, so none closes slots alone while the others start up
+    ports = [free_port() for _ in names]
     started = time.perf_counter()
-    first, log = _start(CLI, work, names[0], args)
-    gossip = _line(first, "LISTENING ", log).split()[2]
-    procs = [(first, log)] + [_start(CLI, work, n, [*args, "--peers", gossip]) for n in names[1:]]
+    procs = [_start(CLI, work, n, [*args, "--listen", f"127.0.0.1:{ports[k]}",
+                                   "--peers", f"127.0.0.1:{ports[1 if k == 0 else 0]}"]) for k, n in enumerate(names)]
     lines = [_line(p, "STOPPED ", log, a.timeout) for p, log in procs]
     for p, _ in procs:
         p.wait(timeout=60)

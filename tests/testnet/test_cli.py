@@ -217,3 +217,27 @@ def test_node_processes_share_a_gpu_unless_the_user_says_otherwise(monkeypatch: 
     assert env["JAX_COMPILATION_CACHE_DIR"] == str((tmp_path / "cache").resolve())
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
     assert node_env()["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
+def test_traffic_reduced_needs_rounds_and_no_faults_and_gives_the_main_run_a_roster(tmp_path: Path) -> None:
+    from node.settings import NodeSettings, load_roster
+    from testnet.nodes import NodeSpec
+    from testnet.run import _with_traffic
+
+    for bad in ([], ["--rounds", "5", "--kill-every", "30"], ["--rounds", "5", "--misbehave", "1:garbage"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--traffic", "reduced", *bad])
+    o = parse_args(["--traffic", "reduced", "--rounds", "5"])
+    assert o.traffic == "reduced" and o.rounds == 5
+    from protocol.identity import Identity
+
+    ids = [Identity.generate().peer_id for _ in range(3)]
+    specs = [NodeSpec(index=i, peer_id=p, key_path=tmp_path / f"k{i}", checkpoint_dir=tmp_path, log_path=tmp_path / "l")
+             for i, p in enumerate(ids)]
+    argv = _with_traffic(o, tmp_path, specs, lambda spec, gp, hp, peers: ["node", spec.peer_id])(specs[1], 0, 0, ())
+    roster = Path(argv[argv.index("--roster") + 1])
+    assert argv[:2] == ["node", ids[1]] and argv[argv.index("--traffic") + 1] == "reduced"
+    settings = NodeSettings(run_id="r", key_path=tmp_path / "k", traffic="reduced", roster=roster)
+    assert load_roster(settings, ids[2]) == tuple(sorted(ids))
+    plain = parse_args(["--rounds", "5"])
+    assert _with_traffic(plain, tmp_path, specs, lambda *a: ["node"])(specs[0], 0, 0, ()) == ["node"]
