@@ -4,7 +4,8 @@
   replica and params digests, every slot sealing most updates, and the held-out loss falls (the bytes per
   round are a benchmark's: `testnet.benchmarks.reduced_nodes`);
 - a fifth node whose roster differs is refused as another run's (the roster is part of the run configuration);
-- a node started after the run moved on stops with an error that says why (no state sync of a reduced run).
+- a node started after the run moved on stops with an error that says why (no state sync of a reduced run);
+  a SIGTERM stops a reduced node cleanly (its `STOPPED` line, exit 0).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def test_a_node_behind_a_reduced_run_stops_with_an_error_that_says_why(cluster, 
         late = cluster("late", *COMMON, "--roster", str(roster), "--peers", a.gossip)
         assert late.wait_exit(START_S) == 1
         assert "cannot sync a state yet" in late.log_path.read_text()
+        a.terminate()  # SIGTERM: the slot being closed is left, goodbye, STOPPED, exit 0
+        assert a.wait_line("STOPPED ", 60.0).split()[1].isdigit() and a.wait_exit(60.0) == 0
     finally:
         for node in (a, b, late):
             if node is not None:
