@@ -90,7 +90,8 @@ class ReducedView:
 
     @property
     def slot(self) -> int:
-        return self.node.slot
+        """The last slot finished here and recorded (`finished`): what the digests and outcomes describe."""
+        return int(self.last_slot.get("slot", 0))
 
     async def digests(self) -> tuple[bytes, bytes]:
         return self.cached_digests if self.cached_digests is not None else (b"", b"")
