@@ -35,6 +35,7 @@ from protocol import signing
 from protocol.compression import decode_tensors
 from protocol.errors import LocalProtocolError, Reason, RemoteProtocolError
 from protocol.identity import Identity
+from protocol.ledger.bound import check_claim
 from protocol.ledger.config import LedgerConfig, UpdateMeta
 from protocol.ledger.proof import header_shapes
 from protocol.messages import Signed, UpdateHeader
@@ -74,6 +75,7 @@ class ReducedNode:
         self.replica = None if params is None else ReducedReplica(params, config, plan, self.reduction_codec)
         self.excluded: set[str] = set()
         self.pool: dict[bytes, Commitment] = {}  # candidates no seal holds yet
+        self.refused_ids: set[bytes] = set()  # updates whose signed header the run refuses (a seal of one is too)
         self.own: dict[bytes, tuple[bytes, list[bytes]]] = {}  # this node's payloads and their Merkle leaves
         self.slot = 0  # the last slot closed
         self.open: SlotState | None = None
@@ -111,9 +113,24 @@ class ReducedNode:
         if h.origin not in self.peers:  # the run's roster contributes; a closed run's roster is its members
             raise RemoteProtocolError(Reason.NOT_ADMITTED, f"{h.origin[:12]} is not in the run's roster")
         meta = UpdateMeta(signed.message_id, h.origin, h.base_slot, h.publish_slot, h.tokens, h.inner_steps)
+        try:
+            check_claim(meta, self.config)  # a claim past the run's work would outweigh the honest updates
+        except RemoteProtocolError:
+            self.refused_ids.add(meta.update_id)
+            self._retry_unheard()  # a seal that waited for this header is refused with it
+            raise
         self.pool.setdefault(meta.update_id, Commitment(record, meta, self.plan))
-        if self.open is not None and self.open.unheard is not None:
-            self.take_seal(self.open.unheard)
+        self._retry_unheard()
+
+    def _retry_unheard(self) -> None:
+        """Take the seal that came before some of its headers, now that one came (it waits again for the rest)."""
+        if self.open is None or self.open.unheard is None:
+            return
+        unheard, self.open.unheard = self.open.unheard, None
+        try:
+            self.take_seal(unheard)
+        except RemoteProtocolError as e:
+            self.open.rejected.append(f"seal from {unheard.author[:12]}: {e}")
 
     # -- the seal ----------------------------------------------------------------------------------
     def _current(self) -> SlotState:
@@ -144,6 +161,8 @@ class ReducedNode:
                 return
             if s.standing:
                 raise LocalProtocolError("a winning seal after reductions stood: the slot must be replayed")
+        if self.refused_ids.intersection(seal.ids):
+            raise RemoteProtocolError(Reason.BAD_STATE, "a seal of an update whose header the run refuses")
         if any(i not in self.pool and i not in s.sealed for i in seal.ids):
             s.unheard = record  # gossip brought the seal before some of its headers: taken when they come
             return

@@ -119,3 +119,32 @@ def test_an_update_from_outside_the_roster_is_refused():
     with pytest.raises(RemoteProtocolError) as refused:
         node.offer(signed, record)
     assert refused.value.reason is Reason.NOT_ADMITTED and not node.pool
+
+
+def test_a_claim_past_the_runs_work_is_refused_and_so_is_a_seal_of_it():
+    """A contributor claiming more tokens than its inner steps allow would outweigh every honest update (the
+    weight is by tokens): its commitment is refused as ``bad_claim``, as the all-to-all ledger refuses it, and
+    a seal that names it (a hostile sealer's) is refused too, by every node that read the header."""
+    config = LedgerConfig(window=2, tokens_per_step=20, max_inner_steps=50)
+    net = ReducedNet(4, SHAPES, {k: np.zeros(v, np.float32) for k, v in SHAPES.items()}, config)
+    updates = _updates(net)
+    a, b, c, d = (net.nodes[p] for p in net.peers)
+    honest = [node.publish(data, base, t, s) for node, (_, data, base, t, s) in zip((a, b, c), updates)]
+    d.config = LedgerConfig(window=2)  # the hostile node does not hold itself to the run's bound
+    inflated = d.publish(updates[3][1], 0, 2**40, 50)
+    d_seal = d.seal().record  # d holds its own update: its seal names it
+    for signed, record in honest:
+        for node in (a, b, c):
+            if node.peer != signed.origin:
+                node.offer(signed, record)
+    a.take_seal(d_seal)
+    assert a.open.unheard is d_seal  # it waits for d's header
+    with pytest.raises(RemoteProtocolError) as refused:
+        a.offer(*inflated)
+    assert refused.value.reason is Reason.BAD_CLAIM and inflated[0].message_id not in a.pool
+    assert a.open.unheard is None and a.open.seal is None and any("refuses" in r for r in a.open.rejected)
+    with pytest.raises(RemoteProtocolError) as again:
+        a.take_seal(d_seal)
+    assert again.value.reason is Reason.BAD_STATE
+    a.take_seal(b.seal().record)  # an honest seal of the three honest updates is taken
+    assert a.open.seal is not None and len(a.open.sealed) == 3
