@@ -283,7 +283,9 @@ def build_parser(model_name: str | None = None) -> argparse.ArgumentParser:
                             "poison:negate|scale|random|tokens|collude (publish a ×10⁴ negated, "
                             "scaled or random-direction update instead of its own, claiming the most tokens "
                             "the run allows; tokens: claiming 2^40; collude: a random direction that every "
-                            "colluder publishing into a slot shares). Honest peers must refuse or bound them")
+                            "colluder publishing into a slot shares), lie (--traffic reduced: every shard it "
+                            "reduces is published negated). With --traffic reduced only the poison kinds and lie "
+                            "are built. Honest peers must refuse or bound them")
     chaos.add_argument("--allow-chaos", action="store_true",
                        help='enable POST /chaos {"block_peers": [ids], "seconds": T} (off by default)')
     return p

@@ -34,11 +34,14 @@ from protocol.runconfig import encode_config
 if TYPE_CHECKING:
     from node.island.task import Task
 
-__all__ = ["CHAOS_MODES", "TRAFFIC_MODES", "NodeSettings", "ledger_config", "load_admission", "load_identity",
+__all__ = ["CHAOS_MODES", "REDUCED_CHAOS_MODES", "TRAFFIC_MODES", "NodeSettings", "ledger_config", "load_admission", "load_identity",
            "load_roster", "open_checkpoints", "run_configuration"]
 
 CHAOS_MODES = ("garbage", "bad-updates", "flood", "unproven", "tarpit", "forge-state", "poison:negate", "poison:scale",
-               "poison:random", "poison:tokens", "poison:collude")
+               "poison:random", "poison:tokens", "poison:collude", "lie")
+# what a node of a reduced run can be made to do (node.reduced.chaos): a hostile contributor, or an aggregator
+# whose reductions are not the honest ones ("lie", a reduced run's alone)
+REDUCED_CHAOS_MODES = ("poison:negate", "poison:scale", "poison:random", "poison:tokens", "poison:collude", "lie")
 # all-to-all: every node fetches every update; reduced: sealed slots, each shard reduced by one aggregator
 # (docs/design.md, "Traffic that does not grow with the run"; PROTOCOL.md section 15)
 TRAFFIC_MODES = ("all-to-all", "reduced")
@@ -151,13 +154,16 @@ class NodeSettings:
         if self.traffic == "reduced":
             if self.roster is None:
                 _fail("--traffic reduced needs --roster FILE: the peer ids of the run's contributors, one a line")
-            if self.misbehave is not None:
-                _fail("--misbehave is not built for --traffic reduced (its attacks are the ledger's)")
+            if self.misbehave is not None and self.misbehave not in REDUCED_CHAOS_MODES:
+                _fail(f"--misbehave {self.misbehave} is not built for --traffic reduced (built there: "
+                      f"{', '.join(REDUCED_CHAOS_MODES)})")
             for flag, value in (("--slot-patience", self.slot_patience_s), ("--slot-step", self.slot_step_s)):
                 if not 0.0 < value < float("inf"):
                     _fail(f"{flag} must be > 0 seconds, got {value}")
         elif self.roster is not None:
             _fail("--roster names a reduced run's contributors: give it with --traffic reduced")
+        elif self.misbehave == "lie":
+            _fail("--misbehave lie is an aggregator's lie: an all-to-all run has no aggregators (use --traffic reduced)")
 
     def advertise_host_port(self) -> tuple[str, int]:
         """`advertise` as (host, gossip port); port 0 when it names a host only ("": not given)."""

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from testnet.bench_hostile import bench_hostile
+from testnet.bench_hostile import bench_hostile, check_kinds
 from testnet.bench_wan import bench_wan
 from testnet.options import Options, build_plan
 from testnet.run import run_testnet
@@ -239,11 +239,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slow", action="append", default=[], metavar="NODE:FACTOR",
                    help="goodput: also slow NODE down FACTOR times, in every run (repeatable; as diloco-testnet "
                         "--slow)")
-    p.add_argument("--kinds", nargs="+", choices=("negate", "scale", "random", "tokens", "collude", "flood", "forge"),
-                   default=None,
-                   help="hostile: the attacks to run (default: the four poison kinds; collude: two nodes "
-                        "publishing one payload; flood: 6 more updates per round for the same slot; forge: serve "
-                        "a forged heavier state with garbage parameters)")
+    p.add_argument("--kinds", nargs="+",
+                   choices=("negate", "scale", "random", "tokens", "collude", "flood", "forge", "lie"), default=None,
+                   help="hostile: the attacks to run (default: the four poison kinds, and lie with --traffic reduced; "
+                        "collude: two nodes publishing one payload; flood: 6 more updates per round for the same "
+                        "slot; forge: serve a forged heavier state with garbage parameters; lie: an aggregator "
+                        "negating every shard it reduces, --traffic reduced only)")
+    p.add_argument("--traffic", choices=("all-to-all", "reduced"), default="all-to-all",
+                   help="hostile: the runs' --traffic (reduced needs --rounds; default all-to-all)")
+    p.add_argument("--rounds", type=int, default=None, metavar="R",
+                   help="hostile: every run stops after R rounds (--minutes is then an upper bound)")
     p.add_argument("--unbounded-attack", action="store_true",
                    help="hostile: also run the negate attack against nodes without the bound")
     p.add_argument("--unvetted-forge", action="store_true",
@@ -274,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.which == "wan":
         return bench_wan(a, _run)
     if a.which == "hostile":
+        if (why := check_kinds(a)) is not None:
+            p.error(why)
         bench_hostile(a, _run, _reload, _compare_loss)
         return 0
     if a.which == "goodput" and not a.from_runs:

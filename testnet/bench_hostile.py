@@ -21,6 +21,11 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   serves a forged state after every round, claiming 2⁴⁰ more finalized tokens per round with its bottom's
   parameters scaled by −20, and sends every peer a fork hint (``--misbehave forge-state``): the honest nodes
   evaluate a forked state before adopting it (``--fork-tolerance``);
+* ``lie`` (``--traffic reduced`` only, in its default set): the honest nodes plus one whose every
+  reduction, as a shard's aggregator, is its honest one negated (``--misbehave lie``): its checker signs a
+  fraud proof, every node excludes it and steps with the checker's reduction;
+* ``--traffic reduced --rounds R``: every run is a reduced run (``diloco-node --traffic reduced``) of R
+  rounds; flood and forge are not built there;
 * ``--unbounded-attack``: also the ``negate`` attack against nodes without the bound (the damage the bound
   prevents; the issue measured held-out bpb in the thousands);
 * ``--unvetted-forge``: also the ``forge`` attack against nodes that adopt without evaluating
@@ -45,18 +50,18 @@ from node.chaos import Poison
 from testnet.options import Options
 from testnet.outcome import RunFailed
 
-__all__ = ["bench_hostile", "plan"]
+__all__ = ["bench_hostile", "check_kinds", "default_kinds", "plan"]
 
 
 def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
     """The runs of one invocation, the honest-only reference first."""
-    honest = a.nodes - 1
+    honest, reduced = a.nodes - 1, a.traffic == "reduced"
     common = dict(minutes=a.minutes, seed=a.seed, baseline=False, solo_seconds=0.0, out=a.out, progress="plain",
-                  model=a.model, inner_steps=a.inner_steps)
+                  model=a.model, inner_steps=a.inner_steps, traffic=a.traffic, rounds=a.rounds)
     runs = [("honest only", Options(nodes=honest, **common)),
             ("honest only, no bound (--norm-clip 0)", Options(nodes=honest, node_args=("--norm-clip", "0"), **common))]
-    modes = {"flood": "flood", "forge": "forge-state"}
-    for kind in a.kinds or [k for k in Poison.KINDS if k != "collude"]:
+    modes = {"flood": "flood", "forge": "forge-state", "lie": "lie"}
+    for kind in a.kinds or default_kinds(a.traffic):
         if kind == "collude":  # two colluders beside the same honest nodes
             runs.append((f"2 colluding of {a.nodes + 1}: one payload", Options(
                 nodes=a.nodes + 1, misbehave=(f"{honest}:poison:collude", f"{honest + 1}:poison:collude"), **common)))
@@ -72,6 +77,24 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
                      Options(nodes=a.nodes, misbehave=(f"{honest}:forge-state",), node_args=("--fork-tolerance", "inf"),
                              **common)))
     return runs
+
+
+def default_kinds(traffic: str) -> list[str]:
+    """The attacks run when `--kinds` is not given: the poison kinds but collude, and a reduced run's lie."""
+    return [k for k in Poison.KINDS if k != "collude"] + (["lie"] if traffic == "reduced" else [])
+
+
+def check_kinds(a: argparse.Namespace) -> str | None:
+    """Why `--kinds`, `--traffic` and `--rounds` do not go together (None when they do)."""
+    kinds = set(a.kinds or default_kinds(a.traffic))
+    if a.traffic == "reduced":
+        if a.rounds is None:
+            return "--traffic reduced needs --rounds R (a reduced run's nodes stop together at its last slot)"
+        if kinds & {"flood", "forge"}:
+            return f"--traffic reduced: {', '.join(sorted(kinds & {'flood', 'forge'}))} not built there"
+    elif "lie" in kinds:
+        return "--kinds lie is an aggregator's lie: it needs --traffic reduced"
+    return None
 
 
 def bench_hostile(a: argparse.Namespace, run: Callable[[Options], dict[str, Any]],
@@ -90,7 +113,8 @@ def bench_hostile(a: argparse.Namespace, run: Callable[[Options], dict[str, Any]
     reference = results[0][1]
     if isinstance(reference, str):
         raise SystemExit(f"the honest-only run {reference}")
-    print(f"\n== hostile peer: {a.nodes - 1} honest nodes, {a.minutes:g} min per run, H={a.inner_steps}, "
+    length = f"{a.rounds} rounds" if a.rounds is not None else f"{a.minutes:g} min"
+    print(f"\n== hostile peer: {a.nodes - 1} honest nodes, {a.traffic}, {length} per run, H={a.inner_steps}, "
           f"seed {a.seed}; honest-only run {reference['run_dir']}")
     print(f"{'run':<40} {'bpb, last 20%':>13} {'÷ honest':>9} {'bpb, eq. tokens':>15} {'÷ honest':>9}  rejected; run")
     for label, r in results:

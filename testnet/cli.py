@@ -42,6 +42,7 @@ from typing import NoReturn
 
 import trio
 
+from node.settings import REDUCED_CHAOS_MODES
 from testnet.baseline_run import BaselineError
 from testnet.checks import UsageError
 from testnet.finish import Stage, interrupted_report
@@ -113,8 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--traffic", choices=("all-to-all", "reduced"), default="all-to-all",
       help="how the nodes' updates travel: all-to-all (every node fetches every update), or reduced (diloco-node "
            "--traffic reduced: slots sealed, each shard reduced by one node and checked; ~2-3 updates in per node and "
-           "round whatever --nodes is). reduced needs --rounds and no kills, partitions or --misbehave (a reduced "
-           "node cannot sync a state yet) (default all-to-all)")
+           "round whatever --nodes is). reduced needs --rounds and no kills or partitions (a reduced node cannot "
+           "sync a state yet); its --misbehave modes are poison:KIND and lie (default all-to-all)")
     a("--kill-every", type=float, default=0.0, metavar="T",
       help="SIGKILL a random running node every T seconds (0 = never; default 0)")
     a("--downtime", type=float, default=15.0, metavar="D", help="restart a killed node after D seconds (default 15)")
@@ -126,7 +127,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a("--partition", action="append", default=[], metavar="START:END:A[/B]",
       help="cut nodes A (comma-separated) off from B (default: all others) from START to END seconds (repeatable)")
     a("--misbehave", action="append", default=[], metavar="NODE[:MODE]",
-      help="NODE sends malformed frames (garbage) or invalid updates (bad-updates, default) (repeatable)")
+      help="NODE sends malformed frames (garbage) or invalid updates (bad-updates, default), or any mode of "
+           "diloco-node --misbehave (poison:negate, lie with --traffic reduced, ...) (repeatable)")
     a("--wan", nargs="?", const="2gbit,30ms", metavar="RATE,DELAY,LOSS",
       help="each node in its own network namespace with an emulated link (default 2gbit,30ms; delay is one-way; "
            "loss e.g. 0.1%%): tc netem, or where the kernel lacks it a user-space delay line over TUN devices "
@@ -167,9 +169,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                 "(give --minutes)")
     if ns.traffic == "reduced" and ns.rounds is None:
         p.error("--traffic reduced needs --rounds R: a reduced run's nodes stop together at its last slot")
-    if ns.traffic == "reduced" and (ns.kill_every > 0 or ns.partition or ns.misbehave):
-        p.error("--traffic reduced goes with neither kills, partitions nor --misbehave: a reduced node cannot sync "
-                "a state yet, so a restarted one stops")
+    if ns.traffic == "reduced" and (ns.kill_every > 0 or ns.partition):
+        p.error("--traffic reduced goes with neither kills nor partitions: a reduced node cannot sync a state yet, "
+                "so a restarted or cut-off one stops")
+    modes = {m.partition(":")[2] or "bad-updates" for m in ns.misbehave}  # as testnet.faults.parse_misbehave
+    if ns.traffic == "reduced" and modes - set(REDUCED_CHAOS_MODES):
+        p.error(f"--traffic reduced: --misbehave {', '.join(sorted(modes - set(REDUCED_CHAOS_MODES)))} is not built "
+                f"there (built: {', '.join(REDUCED_CHAOS_MODES)})")
+    if ns.traffic != "reduced" and "lie" in modes:
+        p.error("--misbehave NODE:lie is an aggregator's lie: it needs --traffic reduced")
     if ns.minutes is None:
         ns.minutes = STEPS_MINUTES if ns.steps is not None else 2.0
     at_least = {"--nodes": (ns.nodes, 1), "--inner-steps": (ns.inner_steps, 1), "--rounds": (ns.rounds, 1),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from node.reduced.chaos import LyingNode
 from protocol import wire
 from protocol.errors import LocalProtocolError
 from protocol.identity import Identity
@@ -65,20 +66,12 @@ class SlotReport:
     rejected: list[str] = field(default_factory=list)  # messages some node refused, with the reason
 
 
-class _HarnessNode(ReducedNode):
-    """A node the harness can make hostile for one slot: ``factor`` scales every shard it reduces, ``accuses``
-    signs a fraud proof against every shard it checks, honest or not."""
+class _HarnessNode(LyingNode):
+    """A node the harness can make hostile for one slot: ``factor`` scales every shard it reduces (a liar's,
+    `node.reduced.chaos.LyingNode`), ``accuses`` signs a fraud proof against every shard it checks, honest or
+    not."""
 
-    factor: float | None = None
     accuses: bool = False
-
-    def _reduction_values(self, k, coefficients, scales):
-        values = super()._reduction_values(k, coefficients, scales)
-        if self.factor is None:
-            return values
-        pieces = self.plan.shard(k)
-        honest = self.plan.decode(self.plan.encode(values, pieces, self.reduction_codec), pieces, self.reduction_codec)
-        return {i: (x * np.float32(self.factor)).astype(np.float32) for i, x in honest.items()}
 
     def _difference(self, k, drawn, mine, theirs):
         found = super()._difference(k, drawn, mine, theirs)

@@ -43,6 +43,7 @@ from node.island.train import InnerLoop
 from node.logs import PEER
 from node.metrics import MetricsSink, metrics_record
 from node.outer.outer_files import scratch_dir
+from node.reduced.chaos import LIE_FACTOR, LyingNode, ReducedPoison, unbounded
 from node.reduced.driver import SlotClock, SlotDriver
 from node.runtime import Stopped
 from node.settings import (REDUCED_CHECK_SHARE, NodeSettings, ledger_config, load_admission, load_identity,
@@ -140,6 +141,7 @@ class ReducedRuntime:
         self.feedback = ErrorFeedback(settings.compression)
         self.result: Stopped | None = None
         self.node: ReducedNode | None = None
+        self.poison: ReducedPoison | None = None  # --misbehave poison:KIND
         self.replica: ReducedView | None = None
         self._stop_reason: str | None = None
         self._stop_event = trio.Event()
@@ -203,8 +205,16 @@ class ReducedRuntime:
             InnerLoop, model, self.batches, seed=s.seed, tokens_per_batch=tokens, mesh=s.mesh, remat=s.remat))
         seconds = await trio.to_thread.run_sync(self.loop.warm_up, self.heldout if s.eval_every else ())
         params = {n: np.asarray(v, np.float32) for n, v in self.loop.params.items()}
-        self.node = ReducedNode(self.identity, self.roster, self.plan, self.ledger_config, run_id=s.run_id,
+        mode = s.misbehave or ""
+        participant = LyingNode if mode == "lie" else ReducedNode
+        # a node poisoning the claim does not hold its own to the run's bound (the honest nodes do)
+        config = unbounded(self.ledger_config) if mode == "poison:tokens" else self.ledger_config
+        if mode.startswith("poison:"):
+            self.poison = ReducedPoison(mode.removeprefix("poison:"), self.shapes, s.compression, tokens, s.inner_steps)
+        self.node = participant(self.identity, self.roster, self.plan, config, run_id=s.run_id,
                                 codec=s.compression, q=REDUCED_CHECK_SHARE, params=params, seed=s.seed)
+        if mode == "lie":
+            self.node.factor = LIE_FACTOR
         self.driver = SlotDriver(self.host, self.node, SlotClock(s.slot_patience_s, s.slot_step_s))
         self.replica = ReducedView(self.node, self.driver)  # what /status and the library's handle read
         self.replica.cached_digests = (self.node.replica.digest(), self.node.replica.params_digest())
@@ -267,8 +277,11 @@ class ReducedRuntime:
         failure = await self._previous_slot()
         if failure is not None or self.stop_requested():
             return failure  # a stop cut the round short, or left the slot: the peers go on without it
+        tokens, steps = result.tokens, result.steps
+        if self.poison is not None:  # --misbehave poison:KIND: the hostile update instead of this one
+            payload, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, node.slot + 1)
         with stats.timed("publish"):
-            await self.driver.publish(payload, node.slot, result.tokens, result.steps)
+            await self.driver.publish(payload, node.slot, tokens, steps)
         stats.updates_published += 1
         stats.first_update_at = stats.first_update_at or time.time()
         applied, self._closed = trio.Event(), trio.Event()

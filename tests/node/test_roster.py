@@ -44,6 +44,11 @@ def test_reduced_needs_a_roster_and_a_roster_needs_reduced(tmp_path: Path) -> No
         NodeSettings(run_id="r", key_path=tmp_path / "k", roster=tmp_path / "roster.txt")
     with pytest.raises(ConfigError, match="--slot-step must be > 0"):
         _settings(tmp_path, "", slot_step_s=0.0)
+    with pytest.raises(ConfigError, match="not built for --traffic reduced"):
+        _settings(tmp_path, "", misbehave="flood")  # the ledger's attacks: a reduced run has no such ledger
+    with pytest.raises(ConfigError, match="an all-to-all run has no aggregators"):
+        NodeSettings(run_id="r", key_path=tmp_path / "k", misbehave="lie")
+    assert _settings(tmp_path, "", misbehave="lie").misbehave == "lie"
 
 
 def test_the_roster_is_in_the_run_configuration_and_an_all_to_all_run_is_unchanged(tmp_path: Path) -> None:

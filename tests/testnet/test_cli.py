@@ -224,11 +224,16 @@ def test_traffic_reduced_needs_rounds_and_no_faults_and_gives_the_main_run_a_ros
     from testnet.nodes import NodeSpec
     from testnet.run import _with_traffic
 
-    for bad in ([], ["--rounds", "5", "--kill-every", "30"], ["--rounds", "5", "--misbehave", "1:garbage"]):
+    for bad in ([], ["--rounds", "5", "--kill-every", "30"], ["--rounds", "5", "--misbehave", "1:garbage"],
+                ["--rounds", "5", "--misbehave", "1:flood"]):
         with pytest.raises(SystemExit):
             parse_args(["--traffic", "reduced", *bad])
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "5", "--misbehave", "1:lie"])  # an aggregator's lie: all-to-all has none
     o = parse_args(["--traffic", "reduced", "--rounds", "5"])
     assert o.traffic == "reduced" and o.rounds == 5
+    hostile = parse_args(["--traffic", "reduced", "--rounds", "5", "--misbehave", "1:lie", "--misbehave", "2:poison:tokens"])
+    assert hostile.misbehave == ("1:lie", "2:poison:tokens")
     from protocol.identity import Identity
 
     ids = [Identity.generate().peer_id for _ in range(3)]
