@@ -137,7 +137,9 @@ class ReducedRuntime:
         name = self.task.model.name if task is not None else settings.model
         self.stats = NodeStats(self.peer_id, run_id=settings.run_id, inner_lr=self.task.model.lr,
                                max_rounds=settings.max_rounds, model=f"{name}, {self.task.model.param_count:,} parameters")
-        self.stats.traffic = {"mode": "reduced", "roster": len(self.roster), "shards": self.plan.shards}
+        # rounds_retrained: rounds trained from a θ a fraud proof then corrected, trained again
+        self.stats.traffic = {"mode": "reduced", "roster": len(self.roster), "shards": self.plan.shards,
+                              "rounds_retrained": 0}
         self.feedback = ErrorFeedback(settings.compression)
         self.result: Stopped | None = None
         self.node: ReducedNode | None = None
@@ -264,19 +266,30 @@ class ReducedRuntime:
         s, node, stats = self.settings, self.node, self.stats
         self._check_not_behind()
         with stats.timed("round_start"):
-            theta = await self.replica.params()
+            theta, replaced = await self.driver._locked(lambda: (node.replica.params(), node.replica.replaced))
             await trio.to_thread.run_sync(self.loop.set_params, theta)
+
+        def stale() -> bool:  # a fraud proof replaced a shard of the slot this round started from
+            return node.replica.replaced != replaced
+
         with stats.timed("inner_steps"):
-            result = await trio.to_thread.run_sync(functools.partial(self.loop.run, s.inner_steps,
-                                                                     should_stop=self.stop_requested))
+            result = await trio.to_thread.run_sync(functools.partial(
+                self.loop.run, s.inner_steps, should_stop=lambda: self.stop_requested() or stale()))
         stats.observe_round(result.steps, result.seconds, result.tokens, result.mean_loss)
+        failure = await self._previous_slot()
+        if failure is not None or self.stop_requested():
+            return failure  # a stop cut the round short, or left the slot: the peers go on without it
+        if stale():
+            # Its Δ would carry the lie's repair into a θ already repaired: trained again from the proven θ
+            # (the error feedback untouched), once per aggregator caught after its slot was applied.
+            log.warning("slot %d: a shard was replaced after this round started from it: the round (%d steps) "
+                        "is trained again from the corrected θ", node.slot, result.steps)
+            stats.traffic["rounds_retrained"] += 1
+            return None
         stats.contributed_step_seconds += result.seconds
         with stats.timed("compress"):
             delta = {n: np.asarray(theta[n] - result.params[n], np.float32) for n in theta}
             payload, _ = await trio.to_thread.run_sync(self.feedback.compress, delta)
-        failure = await self._previous_slot()
-        if failure is not None or self.stop_requested():
-            return failure  # a stop cut the round short, or left the slot: the peers go on without it
         tokens, steps = result.tokens, result.steps
         if self.poison is not None:  # --misbehave poison:KIND: the hostile update instead of this one
             payload, tokens, steps = await trio.to_thread.run_sync(self.poison.apply, payload, node.slot + 1)

@@ -30,6 +30,7 @@ class ReducedReplica:
         self.theta = {n: np.array(params[n], dtype=np.float32) for n in plan.shapes}
         self.v = {n: np.zeros_like(a) for n, a in self.theta.items()}
         self.slot = 0
+        self.replaced = 0  # shards replaced after they were applied (a round trained from the θ before is stale)
         self._bottom = (0, {n: a.copy() for n, a in self.theta.items()}, {n: a.copy() for n, a in self.v.items()})
         self._window: dict[int, dict[int, bytes]] = {}
 
@@ -63,6 +64,7 @@ class ReducedReplica:
         if slot not in self._window:
             raise LocalProtocolError(f"slot {slot} is not in the window")
         self._window[slot][shard] = data
+        self.replaced += 1
         _, theta, v = self._bottom
         self.theta, self.v = {n: a.copy() for n, a in theta.items()}, {n: a.copy() for n, a in v.items()}
         for s in sorted(self._window):
