@@ -5,7 +5,11 @@ driven by gossip (records in ``ReducedRecord`` messages, PROTOCOL.md §15a), HTT
 The clock, per slot, on every node alike:
 
 * **seal**: the sealer ``i`` places into the slot's sealer order seals once its candidates hold an update of
-  every eligible origin, or ``patience + i·ξ`` after this node published (a seal that comes first is taken);
+  every origin it expects, or ``patience + i·ξ`` after this node published (a seal that comes first is taken).
+  It expects every eligible origin, but after two slots only those a seal of the last two held: an origin
+  that crashed, or whose every header the run refuses, costs ``patience`` twice, not every slot (its next
+  update, when one comes, is a candidate like any other and is sealed now or carried); an origin whose header
+  of this slot was refused counts as heard;
 * **pass over**: a shard whose expected reducer has not published ``ξ`` after it became expected is passed
   over (the next in the shard's order is expected);
 * **finish**: once every shard stands, this node's checks are done and no fraud proof waits, and ``ξ`` more
@@ -27,7 +31,7 @@ while a node that took it in time keeps it — honest reducers sign the same byt
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -74,6 +78,7 @@ class SlotDriver:
         self._lock = trio.Lock()  # one call into the participant at a time, in a worker thread
         self._inflight: set[object] = set()
         self._since: dict[int, tuple[int, float]] = {}  # shard -> (place expected, since when)
+        self._sealed_lately: deque[set[str]] = deque(maxlen=2)  # the origins of the last two slots' seals
         self._nursery: trio.Nursery | None = None
         self._client: httpx.AsyncClient | None = None  # one for every fetch, so links are kept
 
@@ -253,9 +258,8 @@ class SlotDriver:
         if s.seal is None:
             order = self.node.sealer_order()
             if self.node.peer in order and self.node.takes_roles:
-                origins = {c.meta.origin for c in self.node.pool.values()}
                 place = order.index(self.node.peer)
-                if set(s.eligible) <= origins or now >= started + self.clock.patience + place * self.clock.xi:
+                if self._expected(s) <= self._heard(s) or now >= started + self.clock.patience + place * self.clock.xi:
                     return self.node.seal()
             return None
         for k in s.roles:
@@ -268,6 +272,17 @@ class SlotDriver:
             elif now - since >= self.clock.xi and not self.node.holds(k):
                 log.info("slot %d: shard %d's reducer %s is silent: passed over", s.number, k, s.roles[k][at][:12])
                 self.node.pass_over(k)
+
+    def _expected(self, s: SlotState) -> set[str]:
+        """The origins a sealer of slot ``s`` waits for (the module docstring)."""
+        if len(self._sealed_lately) < self._sealed_lately.maxlen:
+            return set(s.eligible)
+        return set(s.eligible) & set().union(*self._sealed_lately)
+
+    def _heard(self, s: SlotState) -> set[str]:
+        """The origins with a candidate here, or whose header of slot ``s`` the run refused."""
+        refused = {o for o, at in self.node.refused_origins.items() if at >= s.number - 1}
+        return {c.meta.origin for c in self.node.pool.values()} | refused
 
     def _waiting(self) -> str:
         s = self.node._current()
@@ -318,4 +333,5 @@ class SlotDriver:
     def _finish(self) -> SlotState:
         s = self.node.finish()
         self._since.clear()
+        self._sealed_lately.append({c.meta.origin for c in s.sealed.values()})
         return s

@@ -76,6 +76,7 @@ class ReducedNode:
         self.excluded: set[str] = set()
         self.pool: dict[bytes, Commitment] = {}  # candidates no seal holds yet
         self.refused_ids: set[bytes] = set()  # updates whose signed header the run refuses (a seal of one is too)
+        self.refused_origins: dict[str, int] = {}  # origin -> the slot its last refused header was published at
         self.own: dict[bytes, tuple[bytes, list[bytes]]] = {}  # this node's payloads and their Merkle leaves
         self.slot = 0  # the last slot closed
         self.open: SlotState | None = None
@@ -117,6 +118,7 @@ class ReducedNode:
             check_claim(meta, self.config)  # a claim past the run's work would outweigh the honest updates
         except RemoteProtocolError:
             self.refused_ids.add(meta.update_id)
+            self.refused_origins[h.origin] = max(h.publish_slot, self.refused_origins.get(h.origin, -1))
             self._retry_unheard()  # a seal that waited for this header is refused with it
             raise
         self.pool.setdefault(meta.update_id, Commitment(record, meta, self.plan))

@@ -5,7 +5,11 @@
   round are a benchmark's: `testnet.benchmarks.reduced_nodes`);
 - a fifth node whose roster differs is refused as another run's (the roster is part of the run configuration);
 - a node started after the run moved on stops with an error that says why (no state sync of a reduced run);
-  a SIGTERM stops a reduced node cleanly (its `STOPPED` line, exit 0).
+  a SIGTERM stops a reduced node cleanly (its `STOPPED` line, exit 0);
+- among four, an aggregator that negates every reduction (`--misbehave lie`) is proven wrong and excluded, and
+  a contributor claiming 2⁴⁰ tokens every round (`--misbehave poison:tokens`) is refused as `bad_claim`: the
+  honest nodes and the liar (whose contributions are honest) stop with the same digests and a falling loss
+  (what the attacks cost the model is a benchmark's: `python -m testnet.bench hostile --traffic reduced`).
 """
 
 from __future__ import annotations
@@ -88,3 +92,31 @@ def test_a_node_behind_a_reduced_run_stops_with_an_error_that_says_why(cluster, 
         for node in (a, b, late):
             if node is not None:
                 node.kill()
+
+
+def test_a_lying_aggregator_is_caught_and_a_claim_past_the_runs_work_refused(cluster, tmp_path: Path) -> None:
+    names = ["a", "b", "liar", "claimer"]
+    roster, ids = _roster(tmp_path, names)
+    rounds = 6
+    flags = [*COMMON, "--roster", str(roster), "--max-rounds", str(rounds)]
+    a = cluster("a", *flags)
+    a.wait_listening(START_S)
+    b = cluster("b", *flags, "--peers", a.gossip)
+    liar = cluster("liar", *flags, "--peers", a.gossip, "--misbehave", "lie")
+    claimer = cluster("claimer", *flags, "--peers", a.gossip, "--misbehave", "poison:tokens")
+    agreeing = [a, b, liar]
+    try:
+        lines = [n.wait_line("STOPPED ", 300.0) for n in agreeing]
+        assert all(n.wait_exit(30.0) == 0 for n in agreeing)
+        assert len(set(lines)) == 1 and lines[0].startswith(f"STOPPED {rounds} "), "\n".join(lines)
+    finally:
+        claimer.kill()
+    last = {n: json.loads((tmp_path / n / "ckpt" / LAST_STATUS).read_text()) for n in ("a", "b")}
+    for status in last.values():
+        assert status["ledger_outcomes"].get("aggregators_caught", 0) >= 1, status["ledger_outcomes"]
+        dropped = status["traffic"]["records_dropped"]
+        assert any("bad_claim" in why and ids["claimer"][:12] in why for why in dropped), dropped
+        assert status["updates_applied"] <= 3 * rounds  # the claimer's updates never sealed
+        history = status["eval_history"]
+        assert len(history) >= 2 and history[-1][2] < history[0][2], history
+    assert "aggregators caught" in a.log_path.read_text() and ids["liar"] in a.log_path.read_text()

@@ -142,6 +142,7 @@ def test_a_claim_past_the_runs_work_is_refused_and_so_is_a_seal_of_it():
     with pytest.raises(RemoteProtocolError) as refused:
         a.offer(*inflated)
     assert refused.value.reason is Reason.BAD_CLAIM and inflated[0].message_id not in a.pool
+    assert a.refused_origins == {d.peer: 0}  # a sealer's clock counts d as heard for slot 1, not waited for
     assert a.open.unheard is None and a.open.seal is None and any("refuses" in r for r in a.open.rejected)
     with pytest.raises(RemoteProtocolError) as again:
         a.take_seal(d_seal)
