@@ -46,7 +46,7 @@ from testnet.options import Options, build_plan
 from testnet.run import run_testnet
 from testnet.faults import PlanError
 from testnet.loss_jumps import banner
-from testnet.quality import bpb_near_tokens, last_eval_tokens
+from testnet.quality import bpb_near_tokens, honest_token_points, last_eval_tokens
 from testnet.report import write_report
 
 __all__ = ["bpb_near_tokens", "main"]
@@ -76,8 +76,9 @@ def _target(label: str, figure: str, ok: bool | None) -> None:
 
 
 def _last_eval_tokens(report: dict[str, Any]) -> float:
-    """The token count up to which every honest node has evaluations."""
-    return last_eval_tokens(report["curves"]["nodes"], report["run"]["honest_nodes"])
+    """The honest nodes' token count up to which every honest node has evaluations."""
+    curves = honest_token_points(report)
+    return last_eval_tokens(curves, [int(n) for n in curves])
 
 
 def _compare_loss(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any], float]:

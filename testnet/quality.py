@@ -32,7 +32,7 @@ from testnet.faults import merge_intervals
 from testnet.timeline import clip_length
 
 __all__ = ["at_equal_tokens", "at_equal_wall_time", "bpb_near_tokens", "dp_bpb_at", "dp_curve", "dp_work_at",
-           "interpolate", "last_eval_tokens", "stretch"]
+           "honest_token_points", "interpolate", "last_eval_tokens", "stretch"]
 
 MODEL_BASIS = ("model, not run: the fault-free baseline's curve, stalled whenever a worker was down or partitioned "
                "in this run, at the nodes' measured step time")
@@ -103,10 +103,23 @@ def last_eval_tokens(nodes: dict[str, list], honest: Iterable[int]) -> float:
     return min(lasts) if lasts else 0.0
 
 
+def honest_token_points(report: dict[str, Any]) -> dict[str, list[list[float]]]:
+    """The honest nodes' curves with each point's tokens those of the honest nodes alone (a hostile node's
+    work is not the run's progress), `[tokens_honest_nodes, seconds, bpb]`; reports made before
+    `honest_tokens` was written keep all nodes' tokens."""
+    curves, out = report["curves"], {}
+    counts = curves.get("honest_tokens") or {}
+    for n in report["run"]["honest_nodes"]:
+        points = curves["nodes"].get(str(n), [])
+        tokens = counts.get(str(n)) or [p[0] for p in points]
+        out[str(n)] = [[t, p[1], p[2]] for t, p in zip(tokens, points, strict=True)]
+    return out
+
+
 def bpb_near_tokens(report: dict[str, Any], tokens: float, width: float = 0.2) -> float | None:
-    """Mean held-out bpb of the honest nodes' evaluations made when all nodes together had trained
+    """Mean held-out bpb of the honest nodes' evaluations made when the honest nodes together had trained
     between (1 - width) x tokens and tokens (a window, since single evaluations are noisy)."""
-    points = _honest_points(report["curves"]["nodes"], report["run"]["honest_nodes"])
+    points = [p for pts in honest_token_points(report).values() for p in pts]
     return _mean([p[2] for p in points if (1 - width) * tokens <= p[0] <= tokens])
 
 

@@ -253,9 +253,10 @@ def _rejections(tl: Timeline) -> tuple[dict[str, int], dict[int, dict[str, int]]
 
 def _curves(tl: Timeline, honest: tuple[int, ...], start: float, step_s: float | None,
             stalls: list[tuple[float, float]]) -> dict[str, Any]:
-    nodes = {}
+    nodes, honest_tokens = {}, {}
     for node in range(tl.meta.nodes):
         nodes[str(node)] = [[tl.total_at("tokens", t), t - tl.t_launch, bpb] for t, bpb in tl.eval_points(node)]
+        honest_tokens[str(node)] = [tl.total_at("tokens", t, honest) for t, _ in tl.eval_points(node)]
     baseline = []
     points = (tl.record.baseline or {}).get("points", [])
     for step, tokens, bpb in points:
@@ -268,10 +269,10 @@ def _curves(tl: Timeline, honest: tuple[int, ...], start: float, step_s: float |
     restarts = [[tl.total_at("tokens", tl.started(inc)), _round(tl.started(inc) - tl.t_launch, 2), inc.node]
                 for inc in tl.restarts()]
     model = dp_curve(points, start, stalls, step_s) if step_s is not None and points else []
-    return {"nodes": nodes, "baseline": baseline, "restarts": restarts,
+    return {"nodes": nodes, "honest_tokens": honest_tokens, "baseline": baseline, "restarts": restarts,
             "duration_s": _round(tl.t_end - tl.t_launch, 2),
             "dp_same_failures": [[_round(t - tl.t_launch, 3), _round(bpb)] for t, bpb in model],
-            "columns": {"nodes": ["tokens_all_nodes", "seconds", "bpb"],
+            "columns": {"nodes": ["tokens_all_nodes", "seconds", "bpb"], "honest_tokens": "tokens_honest_nodes of each point of nodes",
                         "baseline": ["tokens", "seconds_no_failures", "seconds_same_failures", "bpb"],
                         "restarts": ["tokens_all_nodes", "seconds", "node"], "dp_same_failures": ["seconds", "bpb"]}}
 

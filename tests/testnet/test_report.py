@@ -7,6 +7,7 @@ The run: 2 nodes launched at t=1000, stopped at t=1020. Node 0 trains throughout
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -298,3 +299,23 @@ def test_forked_states_adopted_and_refused_are_summed_per_node_over_its_processe
     md = to_markdown(compute(rec))
     assert "| forked states adopted / refused | 2 / 3 | " in md and "node 0: 0 / 1, node 1: 2 / 2 |" in md
     assert "| forked states adopted / refused | n/a |" in to_markdown(compute(record()))
+
+
+def test_a_hostile_nodes_tokens_are_not_the_runs_progress_at_equal_tokens() -> None:
+    """The hostile-peer comparison pairs evaluations at the honest nodes' tokens: node 1 misbehaving, node 0's
+    evaluations sit at its own tokens, not at both nodes' together."""
+    from testnet.bench import _last_eval_tokens
+    from testnet.quality import bpb_near_tokens, honest_token_points
+
+    r = record()
+    hostile = dataclasses.replace(r, plan=dataclasses.replace(r.plan, misbehave=((1, "poison:negate"),)))
+    fig = compute(hostile)
+    assert fig["run"]["honest_nodes"] == [0]
+    # node 0 evaluated at 1010 (all nodes 5000 + 3500 tokens, node 0 alone 5000) and at 1020 (13000 + 3500 + 4000
+    # of node 1's two processes; 13000)
+    assert [p[0] for p in fig["curves"]["nodes"]["0"]] == [8500, 20500]
+    assert honest_token_points(fig)["0"] == [[5000, 10.0, 4.0], [13000, 20.0, 3.0]]
+    assert _last_eval_tokens(fig) == 13000
+    assert bpb_near_tokens(fig, 13000) == 3.0 and bpb_near_tokens(fig, 6000, width=0.5) == 4.0
+    del fig["curves"]["honest_tokens"]  # a report written before: all nodes' tokens
+    assert honest_token_points(fig)["0"][1][0] == 20500
