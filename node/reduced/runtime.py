@@ -11,7 +11,9 @@ Lifecycle (`ReducedRuntime.run`), each round on every node alike:
                 `--sync-timeout` (then the slots go on without the absent: sealers wait `--slot-patience`)
     training    a round: H inner steps from the replica's `θ`, the pseudo-gradient compressed with error
                 feedback, its commitment published, the slot closed (`node.reduced.driver.SlotDriver`:
-                sealed, reduced, checked, applied), evaluation every `--eval-every` rounds
+                sealed, reduced, checked, applied), evaluation every `--eval-every` rounds; the next round
+                trains while the slot finishes, and is trained again if a fraud proof then replaces a shard
+                of the `θ` it began from (`/status` `traffic.rounds_retrained`)
     stopped     at the run's last slot (`--max-rounds`) or a stop request; the `STOPPED` line holds the slot,
                 the replica's digest of `θ, v` and of `θ`
 
@@ -267,6 +269,10 @@ class ReducedRuntime:
         self._check_not_behind()
         with stats.timed("round_start"):
             theta, replaced = await self.driver._locked(lambda: (node.replica.params(), node.replica.replaced))
+            # while the slot `θ` comes from is unfinished, a fraud proof may still replace one of its shards:
+            # the inner loop's state (AdamW moments, step, data position) is kept on the host to start again
+            unchecked = self._closed is not None and not self._closed.is_set()
+            before = await trio.to_thread.run_sync(self.loop.state_dict) if unchecked else None
             await trio.to_thread.run_sync(self.loop.set_params, theta)
 
         def stale() -> bool:  # a fraud proof replaced a shard of the slot this round started from
@@ -280,10 +286,12 @@ class ReducedRuntime:
         if failure is not None or self.stop_requested():
             return failure  # a stop cut the round short, or left the slot: the peers go on without it
         if stale():
-            # Its Δ would carry the lie's repair into a θ already repaired: trained again from the proven θ
-            # (the error feedback untouched), once per aggregator caught after its slot was applied.
+            # Its Δ, and the AdamW moments of its steps, would carry the lie's repair into a θ already repaired:
+            # the inner loop goes back to where the round began and trains again from the proven θ (the error
+            # feedback untouched), once per aggregator caught after its slot was applied.
             log.warning("slot %d: a shard was replaced after this round started from it: the round (%d steps) "
                         "is trained again from the corrected θ", node.slot, result.steps)
+            await trio.to_thread.run_sync(self.loop.load_state_dict, before)
             stats.traffic["rounds_retrained"] += 1
             return None
         stats.contributed_step_seconds += result.seconds
