@@ -75,17 +75,24 @@ def _target(label: str, figure: str, ok: bool | None) -> None:
     print(f"  {label:<62} {figure:>9}  {'n/a' if ok is None else _verdict(ok)}")
 
 
-def _last_eval_tokens(report: dict[str, Any]) -> float:
-    """The honest nodes' token count up to which every honest node has evaluations."""
+def _last_eval_tokens(report: dict[str, Any], all_tokens: bool = False) -> float:
+    """The token count (the honest nodes', or with `all_tokens` every node's) up to which every honest node
+    has evaluations."""
+    if all_tokens:
+        return last_eval_tokens(report["curves"]["nodes"], report["run"]["honest_nodes"])
     curves = honest_token_points(report)
     return last_eval_tokens(curves, [int(n) for n in curves])
 
 
-def _compare_loss(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[Any, Any], tuple[Any, Any], float]:
-    """Held-out bpb of two runs: (late means, same-wall-time), (window means at the same tokens), tokens."""
-    tokens = min(_last_eval_tokens(a), _last_eval_tokens(b))
+def _compare_loss(a: dict[str, Any], b: dict[str, Any], *,
+                  all_tokens: bool = False) -> tuple[tuple[Any, Any], tuple[Any, Any], float]:
+    """Held-out bpb of two runs: (late means, same-wall-time), (window means at the same tokens), tokens.
+    The tokens are the honest nodes' (a hostile node's work is not the run's progress), or every node's with
+    `all_tokens` (a node that misbehaves as an aggregator only still contributes honest updates)."""
+    tokens = min(_last_eval_tokens(a, all_tokens), _last_eval_tokens(b, all_tokens))
     return ((a["quality"]["late_mean_bpb"], b["quality"]["late_mean_bpb"]),
-            (bpb_near_tokens(a, tokens), bpb_near_tokens(b, tokens)), tokens)
+            (bpb_near_tokens(a, tokens, all_tokens=all_tokens), bpb_near_tokens(b, tokens, all_tokens=all_tokens)),
+            tokens)
 
 
 def _same_schedule(first: dict[str, Any]) -> tuple[str, ...]:

@@ -21,7 +21,8 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   serves a forged state after every round, claiming 2⁴⁰ more finalized tokens per round with its bottom's
   parameters scaled by −20, and sends every peer a fork hint (``--misbehave forge-state``): the honest nodes
   evaluate a forked state before adopting it (``--fork-tolerance``);
-* ``lie`` (``--traffic reduced`` only, in its default set): the honest nodes plus one whose every
+* ``lie`` (``--traffic reduced`` only, in its default set; compared with an honest run of all ``--nodes``,
+  since the liar's own updates are honest): the honest nodes plus one whose every
   reduction, as a shard's aggregator, is its honest one negated (``--misbehave lie``): its checker signs a
   fraud proof, every node excludes it and steps with the checker's reduction;
 * ``--traffic reduced --rounds R``: every run is a reduced run (``diloco-node --traffic reduced``) of R
@@ -32,8 +33,8 @@ Runs, all the same length, seed and schedule (the preset's), one after the other
   (``--fork-tolerance inf``: the damage the vet prevents).
 
 Figures: the honest nodes' held-out bits per byte, mean of their evaluations in the last 20% of each run
-(same wall time) and around the same token count (as the goodput benchmark), each ÷ the honest-only
-run's. A run in which every node failed (diverged to non-finite parameters) is reported as such.
+(same wall time) and around the same token count of the honest nodes (a hostile node's own work is not
+the run's progress), each ÷ the honest-only run's. A run in which every node failed (diverged to non-finite parameters) is reported as such.
 `--from-runs DIR...` recomputes the table from earlier run directories, given in the order above. On
 this shared 2-core machine the hostile node also takes CPU from the honest ones, so at equal
 wall time the hostile runs trained fewer honest tokens: the equal-token figure is the fairer one.
@@ -67,6 +68,8 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
                 nodes=a.nodes + 1, misbehave=(f"{honest}:poison:collude", f"{honest + 1}:poison:collude"), **common)))
             continue
         mode = modes.get(kind, f"poison:{kind}")
+        if kind == "lie":  # the liar's own updates are honest: its reference is an honest run of as many nodes
+            runs.append((all_honest(a.nodes), Options(nodes=a.nodes, **common)))
         runs.append((f"1 hostile of {a.nodes}: {kind}", Options(nodes=a.nodes, misbehave=(f"{honest}:{mode}",), **common)))
     if a.unbounded_attack:
         runs.append((f"1 hostile of {a.nodes}: negate, no bound",
@@ -77,6 +80,15 @@ def plan(a: argparse.Namespace) -> list[tuple[str, Options]]:
                      Options(nodes=a.nodes, misbehave=(f"{honest}:forge-state",), node_args=("--fork-tolerance", "inf"),
                              **common)))
     return runs
+
+
+def all_honest(nodes: int) -> str:
+    return f"honest, all {nodes} (the liar's reference)"
+
+
+def reference_of(label: str, nodes: int) -> str:
+    """The run a row is compared with: the honest-only one, or for the liar the honest run of all nodes."""
+    return all_honest(nodes) if label.endswith(": lie") else "honest only"
 
 
 def default_kinds(traffic: str) -> list[str]:
@@ -99,7 +111,7 @@ def check_kinds(a: argparse.Namespace) -> str | None:
 
 def bench_hostile(a: argparse.Namespace, run: Callable[[Options], dict[str, Any]],
                   reload: Callable[[Path], dict[str, Any]],
-                  compare: Callable[[dict, dict], tuple[tuple[Any, Any], tuple[Any, Any], float]]) -> None:
+                  compare: Callable[..., tuple[tuple[Any, Any], tuple[Any, Any], float]]) -> None:
     """Run (or, with `--from-runs`, reload in the order of `plan`) and print the table."""
     runs = plan(a)
     if a.from_runs and len(a.from_runs) != len(runs):
@@ -117,11 +129,16 @@ def bench_hostile(a: argparse.Namespace, run: Callable[[Options], dict[str, Any]
     print(f"\n== hostile peer: {a.nodes - 1} honest nodes, {a.traffic}, {length} per run, H={a.inner_steps}, "
           f"seed {a.seed}; honest-only run {reference['run_dir']}")
     print(f"{'run':<40} {'bpb, last 20%':>13} {'÷ honest':>9} {'bpb, eq. tokens':>15} {'÷ honest':>9}  rejected; run")
+    by_label = dict(results)
     for label, r in results:
         if isinstance(r, str):
             print(f"{label:<40} {r}")
             continue
-        (end_ref, end_r), (at_ref, at_r), _ = compare(reference, r)
+        ref = by_label.get(reference_of(label, a.nodes))
+        if isinstance(ref, str) or ref is None:
+            print(f"{label:<40} no reference: {ref}")
+            continue
+        (end_ref, end_r), (at_ref, at_r), _ = compare(ref, r, all_tokens=label.endswith(": lie"))
         total = r.get("rejections", {}).get("total") or {}
         rejected = ",".join(f"{k}:{v}" for k, v in sorted(total.items())) or "0"
         print(f"{label:<40} {_fmt(end_r):>13} {_ratio(end_r, end_ref):>9} {_fmt(at_r):>15} {_ratio(at_r, at_ref):>9}"

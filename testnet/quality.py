@@ -116,10 +116,13 @@ def honest_token_points(report: dict[str, Any]) -> dict[str, list[list[float]]]:
     return out
 
 
-def bpb_near_tokens(report: dict[str, Any], tokens: float, width: float = 0.2) -> float | None:
-    """Mean held-out bpb of the honest nodes' evaluations made when the honest nodes together had trained
-    between (1 - width) x tokens and tokens (a window, since single evaluations are noisy)."""
-    points = [p for pts in honest_token_points(report).values() for p in pts]
+def bpb_near_tokens(report: dict[str, Any], tokens: float, width: float = 0.2, *,
+                    all_tokens: bool = False) -> float | None:
+    """Mean held-out bpb of the honest nodes' evaluations made when the honest nodes (with `all_tokens`: all
+    nodes) together had trained between (1 - width) x tokens and tokens (a window, since single evaluations
+    are noisy)."""
+    points = _honest_points(report["curves"]["nodes"], report["run"]["honest_nodes"]) if all_tokens else \
+        [p for pts in honest_token_points(report).values() for p in pts]
     return _mean([p[2] for p in points if (1 - width) * tokens <= p[0] <= tokens])
 
 
